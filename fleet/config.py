@@ -1,0 +1,275 @@
+"""The fleet config: one YAML file, overridable by FLEET_... environment variables.
+
+A bad config must stop start-up with a message that names the field, never a
+traceback, so `load_config` turns pydantic's errors into a `ConfigError`
+whose text lists each offending path.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.yaml"
+
+
+class Priority(IntEnum):
+    """Priority classes; a lower value is served first and shed last."""
+
+    committed = 0
+    interactive = 1
+    speculative = 2
+    background = 3
+
+    @classmethod
+    def parse(cls, name: str) -> Priority:
+        return cls[name.strip().lower()]
+
+
+CLASSES: tuple[str, ...] = tuple(p.name for p in Priority)
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names every bad field."""
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos far more often than intent: refuse them by name.
+    model_config = ConfigDict(extra="forbid")
+
+
+class DecodeStep(_Strict):
+    """Decode step time of a batch: base + per_seq * batch size (seconds)."""
+
+    base_s: float = Field(0.010, ge=0)
+    per_seq_s: float = Field(0.0005, ge=0)
+
+
+class SimProfile(_Strict):
+    """A calibrated GPU latency model for the `sim` engine and the simulator."""
+
+    weights_gb: float = Field(2.0, ge=0)
+    load_gb_s: float = Field(2.0, gt=0)
+    warmup_s: float = Field(1.0, ge=0)
+    prefill_tokens_per_s: float = Field(20000.0, gt=0)
+    decode_step: DecodeStep = Field(default_factory=DecodeStep)
+    kv_capacity_tokens: int = Field(65536, gt=0)
+    # Typical request shape, used to turn the latency model into a service rate
+    # before a tier has completed anything (no history yet, no infinity either).
+    typical_prompt_tokens: int = Field(200, gt=0)
+    typical_output_tokens: int = Field(100, gt=0)
+
+
+class VllmSettings(_Strict):
+    """Engine limits for the `vllm` engine, passed to vLLM's engine args."""
+
+    model: str = ""
+    tokenizer: str | None = None
+    max_num_seqs: int = Field(16, gt=0)
+    max_model_len: int = Field(2048, gt=0)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, gt=0)
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    warmup_tokens: int = Field(4, ge=0)
+
+
+class OpenAIUpstream(_Strict):
+    """Forwarding target for the `openai` engine."""
+
+    base_url: str = "http://127.0.0.1:8001/v1"
+    model: str = ""
+    api_key: str = "none"
+    connect_timeout_s: float = Field(5.0, gt=0)
+    silence_timeout_s: float = Field(60.0, gt=0)
+
+
+class PrewarmWindow(_Strict):
+    """A known burst: raise the floor at `cron` for `duration_s`."""
+
+    cron: str
+    floor: int = Field(ge=0)
+    duration_s: float = Field(gt=0)
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, v: str) -> str:
+        from croniter import croniter
+
+        if not croniter.is_valid(v):
+            raise ValueError(f"not a valid cron expression: {v!r}")
+        return v
+
+
+class BudgetWindow(_Strict):
+    """A named window with its own dollar ceiling (e.g. the open, 08:25-10:00)."""
+
+    name: str
+    cron: str
+    duration_s: float = Field(gt=0)
+    usd: float = Field(ge=0)
+
+
+class Budget(_Strict):
+    daily_usd: float | None = Field(None, ge=0)
+    reset_at: str = "00:00"
+    timezone: str = "UTC"
+    windows: list[BudgetWindow] = Field(default_factory=list)
+
+
+class TierConfig(_Strict):
+    aliases: list[str] = Field(default_factory=list)
+    engine: Literal["sim", "vllm", "openai"] = "sim"
+    warm_floor: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    drain_threshold_s: float = Field(2.0, gt=0)
+    slots: int = Field(8, gt=0)
+    max_tokens_limit: int = Field(4096, gt=0)
+    # Longest a request of each class may be predicted to wait before it is shed.
+    wait_limit_s: dict[str, float] = Field(
+        default_factory=lambda: {"committed": 30.0, "interactive": 10.0, "speculative": 5.0, "background": 60.0}
+    )
+    scale_in_hold_s: float = Field(30.0, ge=0)
+    lease_s: float = Field(10.0, gt=0)
+    hourly_usd: float = Field(0.0, ge=0)
+    usd_per_million_tokens: float | None = Field(None, ge=0)
+    gpus_per_replica: int = Field(0, ge=0)
+    gpu_memory_gb: float = Field(0.0, ge=0)
+    budget: Budget = Field(default_factory=Budget)
+    prewarm: list[PrewarmWindow] = Field(default_factory=list)
+    sim: SimProfile = Field(default_factory=SimProfile)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
+    openai: OpenAIUpstream = Field(default_factory=OpenAIUpstream)
+
+    @field_validator("wait_limit_s")
+    @classmethod
+    def _known_classes(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, limit in v.items():
+            if name not in CLASSES:
+                raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
+            if limit <= 0:
+                raise ValueError(f"wait limit for {name!r} must be > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _floor_fits(self) -> TierConfig:
+        if self.warm_floor > self.max_replicas:
+            raise ValueError(f"warm_floor ({self.warm_floor}) exceeds max_replicas ({self.max_replicas})")
+        return self
+
+    def wait_limit(self, priority: Priority) -> float:
+        return self.wait_limit_s.get(priority.name, float("inf"))
+
+
+class ApiKey(_Strict):
+    name: str
+    sha256: str  # keys are stored hashed; see `fleet hash-key`
+    tiers: list[str] | None = None  # None: every tier
+    default_priority: str = "interactive"
+    max_priority: str = "committed"
+    rpm: int | None = Field(None, gt=0)
+    tpm: int | None = Field(None, gt=0)
+    budget_usd: float | None = Field(None, ge=0)
+    admin: bool = False
+
+
+class GpuInventory(_Strict):
+    """GPUs to place on when NVML is absent (a laptop, CI)."""
+
+    index: int = Field(ge=0)
+    memory_gb: float = Field(gt=0)
+
+
+_yaml_path: ContextVar[Path] = ContextVar("_yaml_path", default=DEFAULT_CONFIG)
+
+
+class FleetConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEET_", env_nested_delimiter="__", extra="forbid")
+
+    namespace: str = "fleet"
+    default_priority: str = "interactive"
+    default_deadline_ms: int = Field(120_000, gt=0)
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    result_ttl_s: int = Field(300, gt=0)
+    heartbeat_s: float = Field(1.0, gt=0)
+    rate_window_s: float = Field(10.0, gt=0)
+    tiers: dict[str, TierConfig]
+    keys: list[ApiKey] = Field(default_factory=list)
+    gpus: list[GpuInventory] = Field(default_factory=list)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=_yaml_path.get()))
+
+    @model_validator(mode="after")
+    def _aliases_unique(self) -> FleetConfig:
+        if not self.tiers:
+            raise ValueError("at least one tier is required")
+        seen: dict[str, str] = {}
+        for tier, tc in self.tiers.items():
+            for name in [tier, *tc.aliases]:
+                if name in seen and seen[name] != tier:
+                    raise ValueError(f"model name {name!r} is used by tiers {seen[name]!r} and {tier!r}")
+                seen[name] = tier
+        named = (self.default_priority, *(k.default_priority for k in self.keys), *(k.max_priority for k in self.keys))
+        for p in named:
+            if p not in CLASSES:
+                raise ValueError(f"unknown priority class {p!r}; classes are {', '.join(CLASSES)}")
+        return self
+
+    def resolve_model(self, model: str) -> str | None:
+        """The tier a request's `model` names, by tier name or alias."""
+        if model in self.tiers:
+            return model
+        for tier, tc in self.tiers.items():
+            if model in tc.aliases:
+                return tier
+        return None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    got = err.get("input")
+    shown = "" if isinstance(got, dict | list) or err["type"] == "missing" else f" (got {got!r})"
+    return f"  {path}: {err['msg']}{shown}"
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> FleetConfig:
+    """Load the config file (FLEET_CONFIG, else configs/fleet.yaml) plus env overrides."""
+    p = Path(path or os.environ.get("FLEET_CONFIG") or DEFAULT_CONFIG)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p} (set FLEET_CONFIG or pass --config)")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping with a 'tiers' key")
+    token = _yaml_path.set(p)
+    try:
+        return FleetConfig(**overrides)
+    except ValidationError as e:
+        lines = "\n".join(_describe(err) for err in e.errors())
+        raise ConfigError(f"{p}: invalid config:\n{lines}") from None
+    finally:
+        _yaml_path.reset(token)

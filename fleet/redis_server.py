@@ -1,0 +1,92 @@
+"""Finding a Redis: REDIS_URL, else one answering on 127.0.0.1:6379, else a
+private `redis-server` started from PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+
+class NoRedis(Exception):
+    pass
+
+
+HOW_TO_GET_ONE = (
+    "no Redis found: REDIS_URL is unset, nothing answers on 127.0.0.1:6379, and redis-server is not on PATH.\n"
+    "Install one (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis) "
+    "or point REDIS_URL at an existing server, e.g. REDIS_URL=redis://host:6379/0"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(url: str, timeout: float = 0.5) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return False
+
+
+@dataclass
+class PrivateRedis:
+    """A throwaway redis-server on a free loopback port; nothing kept on disk."""
+
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    dir: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> PrivateRedis:
+        exe = shutil.which("redis-server")
+        if not exe:
+            raise NoRedis(HOW_TO_GET_ONE)
+        self.dir = tempfile.mkdtemp(prefix="fleet-redis-")
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--maxclients", "10000"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if answers(self.url, 0.2):
+                return self
+            if self.proc.poll() is not None:
+                raise NoRedis(f"redis-server exited with code {self.proc.returncode} on port {self.port}")
+            time.sleep(0.05)
+        raise NoRedis(f"redis-server did not answer on port {self.port} within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def resolve_redis() -> tuple[str, PrivateRedis | None]:
+    """The Redis URL to use, and the private server if one had to be started."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        if not answers(url, 2.0):
+            raise NoRedis(f"REDIS_URL={url} does not answer")
+        return url, None
+    local = "redis://127.0.0.1:6379/0"
+    if answers(local):
+        return local, None
+    private = PrivateRedis().start()
+    return private.url, private

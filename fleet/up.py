@@ -1,0 +1,100 @@
+"""`fleet up`: the whole fleet on one machine, as child processes.
+
+Shows progress while replicas pay their cold start, then prints a first call.
+Ctrl-C drains everything: workers finish what they hold, then exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+from redis.asyncio import Redis
+
+from fleet.config import FleetConfig
+from fleet.keys import TierKeys
+from fleet.redis_server import NoRedis, resolve_redis
+from fleet.replicas import by_state, read_replicas
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "fleet.cli", *args], env=env)
+
+
+async def _progress(cfg: FleetConfig, url: str, want: dict[str, int], procs: list[subprocess.Popen[bytes]],
+                    limit_s: float = 600) -> bool:
+    redis = Redis.from_url(url)
+    try:
+        t0 = time.monotonic()
+        last = ""
+        while time.monotonic() - t0 < limit_s:
+            parts, done = [], True
+            for tier, n in want.items():
+                states = by_state(await read_replicas(redis, TierKeys(cfg.namespace, tier), cfg.heartbeat_s))
+                parts.append(f"{tier} {states['ready']}/{n} ready" + (f" ({states['starting']} starting)"
+                                                                     if states["starting"] else ""))
+                done &= states["ready"] >= n
+            msg = f"[{time.monotonic() - t0:5.1f}s] " + ", ".join(parts)
+            if msg.split("] ")[1] != last:
+                click.echo(msg)
+                last = msg.split("] ")[1]
+            if done:
+                return True
+            if any(p.poll() is not None for p in procs):
+                click.echo("fleet: a part exited during start-up; see its output above", err=True)
+                return False
+            await asyncio.sleep(0.5)
+        return False
+    finally:
+        await redis.aclose()
+
+
+def run_up(cfg: FleetConfig, *, host: str, port: int, engine: str | None, config_path: str | None) -> int:
+    try:
+        url, private = resolve_redis()
+    except NoRedis as e:
+        click.echo(f"fleet: {e}", err=True)
+        return 2
+    click.echo(f"fleet: Redis at {url}" + (" (private, started for this fleet)" if private else ""))
+    env = {**os.environ, "REDIS_URL": url}
+    if config_path:
+        env["FLEET_CONFIG"] = config_path
+    procs = [_spawn(["gateway", "--host", host, "--port", str(port)], env)]
+    want = {t: tc.warm_floor for t, tc in cfg.tiers.items()}
+    for tier, n in want.items():
+        for _ in range(n):
+            procs.append(_spawn(["worker", "--tier", tier, *(["--engine", engine] if engine else [])], env))
+    click.echo(f"fleet: starting the gateway and {sum(want.values())} replicas "
+               f"({', '.join(f'{t}={n}' for t, n in want.items())})")
+    code = 0
+    try:
+        if asyncio.run(_progress(cfg, url, want, procs)):
+            base = f"http://{host}:{port}"
+            click.echo(f"\nFleet Gateway is up at {base}/v1  (status: fleet status, Ctrl-C to stop)\n"
+                       f"  curl {base}/v1/chat/completions -H 'content-type: application/json' "
+                       f"-d '{{\"model\":\"routing\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'")
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+            click.echo("fleet: a part exited; stopping the fleet", err=True)
+            code = 1
+        else:
+            code = 1
+    except KeyboardInterrupt:
+        click.echo("\nfleet: draining (workers finish what they hold)...")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if private:
+            private.stop()
+    return code

@@ -1,0 +1,279 @@
+"""The gateway: OpenAI-compatible calls in, the tier's line in Redis, tokens out.
+
+The gateway and the workers never import each other; they meet only in Redis.
+The hot path is two Redis round trips (join the line, read the result
+stream) plus JSON, all on the event loop without blocking it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from redis.asyncio import Redis
+
+from fleet.config import FleetConfig, Priority
+from fleet.line import Line
+from gateway.errors import APIError, api_error_handler, from_event
+from gateway.results import ClientGone, events, first_or_gone
+from gateway.schemas import ChatBody, CompletionBody
+from gateway.status import fleet_status
+
+log = logging.getLogger("fleet.gateway")
+JSON = "application/json"
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type=JSON, headers=headers)
+
+
+class Gateway:
+    """State shared by the handlers: config, Redis, one Line per tier."""
+
+    def __init__(self, cfg: FleetConfig, redis: Redis) -> None:
+        self.cfg = cfg
+        self.redis = redis
+        self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
+                              rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
+        self.started = time.time()
+
+    async def reap_forever(self) -> None:
+        # Workers reap too; the gateway does it as well so that requests of a
+        # tier whose workers all died still come back to the line.
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            for line in self.lines.values():
+                try:
+                    await line.reap()
+                except Exception:
+                    log.exception("reaper tick failed for %s", line.tier)
+
+
+async def read_body(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit}", code="body_too_large")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+    try:
+        return orjson.loads(chunks)
+    except orjson.JSONDecodeError as e:
+        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def validate(model: type[BaseModel], raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err["loc"])
+        raise APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
+
+
+def parse_priority(request: Request, default: str) -> Priority:
+    raw = request.headers.get("x-priority", default)
+    try:
+        return Priority.parse(raw)
+    except KeyError:
+        raise APIError(400, f"X-Priority {raw!r} is not a class; use one of "
+                       f"{', '.join(p.name for p in Priority)}", param="X-Priority",
+                       code="invalid_priority") from None
+
+
+def parse_deadline(request: Request, default_ms: int) -> int:
+    raw = request.headers.get("x-deadline-ms")
+    if raw is None:
+        return default_ms
+    try:
+        ms = int(raw)
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        raise APIError(400, f"X-Deadline-Ms must be a positive whole number of milliseconds, got {raw!r}",
+                       param="X-Deadline-Ms", code="invalid_deadline")
+    return ms
+
+
+def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = Redis.from_url(redis_url, max_connections=4096)
+        gw = Gateway(cfg, redis)
+        app.state.gw = gw
+        reaper = asyncio.create_task(gw.reap_forever())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await asyncio.gather(reaper, return_exceptions=True)
+            await redis.aclose()
+
+    app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_exception_handler(APIError, api_error_handler)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> Response:
+        gw: Gateway = request.app.state.gw
+        try:
+            await gw.redis.ping()
+        except Exception as e:
+            return _json({"status": "unavailable", "redis": f"{type(e).__name__}: {e}"}, 503)
+        return _json({"status": "ready", "tiers": list(gw.cfg.tiers)})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        gw: Gateway = request.app.state.gw
+        data = []
+        for tier, tc in gw.cfg.tiers.items():
+            for name in (tier, *tc.aliases):
+                data.append({"id": name, "object": "model", "created": int(gw.started), "owned_by": "fleet",
+                             "tier": tier})
+        return _json({"object": "list", "data": data})
+
+    @app.get("/v1/fleet/status")
+    async def status(request: Request) -> Response:
+        gw: Gateway = request.app.state.gw
+        return _json(await fleet_status(gw.cfg, gw.redis, gw.lines))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _complete(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _complete(request, "completion")
+
+    async def _complete(request: Request, kind: str) -> Response:
+        gw: Gateway = request.app.state.gw
+        raw = await read_body(request, gw.cfg.max_body_bytes)
+        body: ChatBody | CompletionBody = validate(ChatBody if kind == "chat" else CompletionBody, raw)
+        tier = gw.cfg.resolve_model(body.model)
+        if tier is None:
+            raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists the tiers",
+                           param="model", code="model_not_found")
+        tc = gw.cfg.tiers[tier]
+        priority = parse_priority(request, gw.cfg.default_priority)
+        deadline_ms = parse_deadline(request, gw.cfg.default_deadline_ms)
+        max_tokens = body.wanted_tokens(min(256, tc.max_tokens_limit))
+        if max_tokens > tc.max_tokens_limit:
+            raise APIError(422, f"max_tokens {max_tokens} exceeds this tier's limit of {tc.max_tokens_limit}",
+                           param="max_tokens", code="invalid_value")
+        loop = asyncio.get_running_loop()
+        deadline_at = loop.time() + deadline_ms / 1000
+        payload: dict[str, Any] = {"kind": kind, "max_tokens": max_tokens, "temperature": body.temperature,
+                                   "top_p": body.top_p, "stop": body.stops(), "seed": body.seed,
+                                   "stream": body.stream, "ignore_eos": body.ignore_eos}
+        if isinstance(body, ChatBody):
+            payload["messages"] = [{"role": m.role, "content": m.text()} for m in body.messages]
+        else:
+            payload["prompt"] = body.prompt_text()
+        rid = uuid.uuid4().hex
+        line = gw.lines[tier]
+        await line.enqueue(rid, priority, orjson.dumps(payload), deadline_ms,
+                           request.headers.get("x-chain-id", ""))
+        stream = events(gw.redis, line, rid, deadline_at)
+        headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
+        try:
+            first = await first_or_gone(stream, request.receive)
+        except ClientGone:
+            await line.finish(rid, "cancelled")
+            await stream.aclose()
+            return Response(status_code=499)
+        if first["t"] == "err":
+            await stream.aclose()
+            err = from_event(first)
+            err.headers.update(headers)
+            raise err
+        created = int(time.time())
+        if body.stream:
+            return StreamingResponse(_sse(gw, line, rid, kind, body, first, stream, created),
+                                     media_type="text/event-stream", headers=headers)
+        await stream.aclose()
+        return _json(_final_body(kind, rid, body.model, created, first), headers=headers)
+
+    return app
+
+
+def _usage(ev: dict[str, Any]) -> dict[str, int]:
+    pt, ct = int(ev.get("pt", 0)), int(ev.get("ct", 0))
+    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+
+
+def _final_body(kind: str, rid: str, model: str, created: int, ev: dict[str, Any]) -> dict[str, Any]:
+    text = ev.get("x", "")
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": ev.get("fr", "stop"), "logprobs": None}
+        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
+                "choices": [choice], "usage": _usage(ev)}
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": ev.get("fr", "stop"), "logprobs": None}],
+            "usage": _usage(ev)}
+
+
+async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | CompletionBody,
+               first: dict[str, Any], stream: AsyncIterator[dict[str, Any]], created: int) -> AsyncIterator[bytes]:
+    """Server-sent events in OpenAI's chunk format, ending in `data: [DONE]`."""
+    chat = kind == "chat"
+    base: dict[str, Any] = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+                            "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": created, "model": body.model}
+
+    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
+
+    finished = False
+    try:
+        if chat:
+            yield chunk("", role=True)
+        ev = first
+        while True:
+            if ev["t"] == "tok":
+                yield chunk(ev["x"])
+            elif ev["t"] == "done":
+                finished = True
+                yield chunk(None if chat else "", finish=ev.get("fr", "stop"))
+                if body.include_usage():
+                    yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(ev)}) + b"\n\n"
+                break
+            else:
+                finished = True
+                err = from_event(ev)
+                yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
+                break
+            ev = await stream.__anext__()
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not finished:
+            # The client left mid-stream: abort the work in its engine. Shielded,
+            # because this runs while the response task is being cancelled.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(line.finish(rid, "cancelled"))
+        with contextlib.suppress(Exception):
+            await stream.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,73 @@
+"""Reading one request's result stream, racing the deadline and the client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from fleet.line import Line
+
+
+class ClientGone(Exception):
+    """The caller disconnected."""
+
+
+async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> AsyncIterator[dict[str, Any]]:
+    """Yield the request's events until its final one (done or err).
+
+    When the gateway's own clock passes the deadline, the request is ended
+    as expired (whatever state it is in: in the line it leaves, running it is
+    aborted in its engine) and the 504 event that `finish` writes is read
+    like any other. If a worker finished first, its event wins.
+    """
+    key = line.keys.result(rid)
+    last = "0-0"
+    expired_sent = False
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            left = deadline_at - loop.time()
+            if left <= 0 and not expired_sent:
+                expired_sent = True
+                await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                   "msg": "deadline passed before the request finished"})
+            block_ms = max(1, min(int(left * 1000) + 1, 5000)) if left > 0 else 1000
+            resp = await redis.xread({key: last}, block=block_ms, count=256)
+            if not resp:
+                continue
+            for entry_id, fields in resp[0][1]:
+                last = entry_id
+                ev = orjson.loads(fields[b"e"])
+                yield ev
+                if ev["t"] in ("done", "err"):
+                    return
+    finally:
+        # Read, so drop it now rather than at its TTL.
+        asyncio.get_running_loop().create_task(redis.unlink(key))
+
+
+async def wait_disconnect(receive: Any) -> None:
+    """Return when the ASGI server reports the client gone (body already read)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def first_or_gone(agen: AsyncIterator[dict[str, Any]], receive: Any) -> dict[str, Any]:
+    """The next event, or ClientGone if the caller leaves first."""
+    nxt = asyncio.ensure_future(agen.__anext__())
+    gone = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if nxt.done():
+        return nxt.result()
+    nxt.cancel()
+    await asyncio.gather(nxt, return_exceptions=True)
+    raise ClientGone

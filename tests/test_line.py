@@ -1,0 +1,133 @@
+"""The line protocol on a real Redis: class order, FIFO, leases, requeue, outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from fleet.config import Priority
+from fleet.line import Line
+
+
+@pytest.fixture
+async def line(redis_url: str):
+    r = Redis.from_url(redis_url)
+    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
+    await r.aclose()
+
+
+async def _put(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
+    ids = []
+    for _ in range(n):
+        rid = uuid.uuid4().hex
+        await line.enqueue(rid, prio, orjson.dumps({"n": len(ids)}), deadline_ms)
+        ids.append(rid)
+    return ids
+
+
+async def test_committed_overtakes_fifty_background(line: Line) -> None:
+    bg = await _put(line, Priority.background, 50)
+    (committed,) = await _put(line, Priority.committed)
+    first = await line.claim("w1", 1, 5)
+    assert first[0].rid == committed
+    rest = await line.claim("w1", 100, 5)
+    assert [c.rid for c in rest] == bg  # FIFO within the class
+
+
+async def test_strict_class_order_then_fifo(line: Line) -> None:
+    order = [Priority.background, Priority.speculative, Priority.interactive, Priority.committed] * 3
+    ids = {p: [] for p in Priority}
+    for p in order:
+        ids[p] += await _put(line, p)
+    claimed = [c.rid for c in await line.claim("w", 100, 5)]
+    assert claimed == ids[Priority.committed] + ids[Priority.interactive] + ids[Priority.speculative] + ids[
+        Priority.background]
+
+
+async def test_expired_lease_requeues_at_head_of_class(line: Line) -> None:
+    a, b = await _put(line, Priority.interactive, 2)
+    [ca] = await line.claim("dead-worker", 1, lease_s=0.05)
+    assert ca.rid == a
+    await asyncio.sleep(0.1)
+    assert await line.reap() == (1, 0)
+    again = await line.claim("w2", 2, 5)
+    assert [c.rid for c in again] == [a, b]  # back ahead of what arrived after it
+    assert again[0].attempt == 2
+    # The dead worker's late completion is refused: exactly once.
+    assert not await line.finish(a, "completed", {"t": "done"}, owner="dead-worker")
+    assert await line.finish(a, "completed", {"t": "done"}, owner="w2")
+    snap = await line.observe()
+    assert snap.counters["completed"] == 1 and snap.counters["requeued"] == 1
+
+
+async def test_renewed_lease_is_not_reaped(line: Line) -> None:
+    [rid] = await _put(line, Priority.committed)
+    await line.claim("w", 1, lease_s=0.3)
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        assert await line.renew("w", [rid], 0.3) == []
+        assert await line.reap() == (0, 0)
+    assert await line.renew("other", [rid], 0.3) == [rid]  # not its lease
+
+
+async def test_streamed_request_is_not_rerun_but_lost(line: Line) -> None:
+    [rid] = await _put(line, Priority.interactive)
+    await line.claim("w", 1, lease_s=0.05)
+    await line.emit(rid, {"t": "tok", "a": 1, "x": "hello"}, first_stream_token=True)
+    await asyncio.sleep(0.1)
+    assert await line.reap() == (0, 1)
+    entries = await line.redis.xrange(line.keys.result(rid))
+    assert [orjson.loads(e[1][b"e"])["type"] for e in entries[1:]] == ["worker_lost"]
+    assert await line.claim("w2", 5, 5) == []
+
+
+async def test_deadline_passed_in_line_never_claimed(line: Line) -> None:
+    [late] = await _put(line, Priority.committed, deadline_ms=20)
+    [ok] = await _put(line, Priority.background)
+    await asyncio.sleep(0.05)
+    claimed = await line.claim("w", 5, 5)
+    assert [c.rid for c in claimed] == [ok]
+    [(_, fields)] = await line.redis.xrange(line.keys.result(late))
+    assert orjson.loads(fields[b"e"])["type"] == "deadline_exceeded"
+    assert (await line.observe()).counters["expired"] == 1
+
+
+async def test_every_accepted_request_has_exactly_one_outcome(line: Line) -> None:
+    ids = await _put(line, Priority.interactive, 8)
+    claimed = await line.claim("w", 4, 5)
+    for c in claimed[:2]:
+        assert await line.finish(c.rid, "completed", owner="w")
+    assert await line.finish(claimed[2].rid, "cancelled")
+    assert await line.finish(claimed[3].rid, "failed", owner="w")
+    assert await line.finish(ids[4], "cancelled")  # still in the line
+    assert await line.finish(ids[5], "expired")
+    for rid in ids[:6]:  # second endings are refused
+        assert not await line.finish(rid, "completed")
+    c = (await line.observe()).counters
+    assert c["accepted"] == 8
+    assert sum(c.get(k, 0) for k in ("completed", "expired", "cancelled", "failed")) == 6
+    assert (await line.observe()).waiting == 2
+
+
+async def test_cancel_of_running_request_reaches_its_worker(line: Line) -> None:
+    [rid] = await _put(line, Priority.interactive)
+    await line.claim("w", 1, 5)
+    pubsub = line.redis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(line.keys.cancel_channel)
+    await line.finish(rid, "cancelled")
+    msg = None
+    for _ in range(20):  # the first reads may be the (ignored) subscribe confirmation
+        msg = msg or await pubsub.get_message(timeout=0.1)
+    assert msg and msg["data"] == rid.encode()
+    await pubsub.aclose()
+
+
+async def test_all_keys_of_a_tier_share_one_hash_tag(line: Line) -> None:
+    k = line.keys
+    names = [k.line, k.inflight, k.seq, k.bell, k.counters, k.arrivals, k.completions, k.replicas, k.dead,
+             k.request("x"), k.result("x")]
+    assert {n[n.index("{"): n.index("}") + 1] for n in names} == {"{routing}"}

@@ -1,0 +1,216 @@
+"""A worker replica: claims from its tier's line only as many requests as it
+has free slots (the line in Redis stays the truth), runs them on its engine,
+streams tokens back, measures TTFT and TPOT, and heartbeats.
+
+Leases are renewed every heartbeat while a request runs; a request whose
+lease this worker lost is aborted here, because someone else now owns it.
+SIGTERM drains: stop claiming, finish what is in flight, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from fleet.config import FleetConfig
+from fleet.line import Claimed, Line
+from workers.engines.base import Engine, EngineError, EngineRequest
+
+log = logging.getLogger("fleet.worker")
+
+
+class Worker:
+    def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
+                 replica_id: str | None = None, engine_name: str = "sim") -> None:
+        self.cfg = cfg
+        self.tier = tier
+        self.tc = cfg.tiers[tier]
+        self.engine = engine
+        self.engine_name = engine_name
+        self.redis = redis
+        self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
+        self.line = Line(redis, cfg.namespace, tier, result_ttl_s=cfg.result_ttl_s, rate_window_s=cfg.rate_window_s)
+        self.state = "starting"
+        self.active: dict[str, asyncio.Task[None]] = {}
+        self.completed = 0
+        self.cold_start_s: float | None = None
+        self.started_at = time.time()
+        self._slot_freed = asyncio.Event()
+        self._draining = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._heartbeat_once()
+        hb = asyncio.create_task(self._heartbeat_loop())
+        try:
+            t0 = time.monotonic()
+            await self.engine.start()
+            self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
+            if not self._draining.is_set():
+                self.state = "ready"
+            await self._heartbeat_once()
+            log.info("replica %s ready after %.2fs cold start", self.replica_id, self.cold_start_s)
+            cancels = asyncio.create_task(self._cancel_listener())
+            try:
+                await self._claim_loop()
+                if self.active:
+                    await asyncio.gather(*self.active.values(), return_exceptions=True)
+            finally:
+                cancels.cancel()
+                await asyncio.gather(cancels, return_exceptions=True)
+        finally:
+            hb.cancel()
+            await asyncio.gather(hb, return_exceptions=True)
+            await self.redis.hdel(self.line.keys.replicas, self.replica_id)
+            await self.engine.stop()
+
+    def drain(self) -> None:
+        self.state = "draining"
+        self._draining.set()
+        self._slot_freed.set()
+
+    # --- claiming -------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while not self._draining.is_set():
+            free = self.tc.slots - len(self.active)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s)
+            for c in claimed:
+                self.active[c.rid] = asyncio.create_task(self._serve(c))
+            if not claimed:
+                waiter = asyncio.create_task(self.line.wait_for_work(1.0))
+                drain = asyncio.create_task(self._draining.wait())
+                await asyncio.wait({waiter, drain}, return_when=asyncio.FIRST_COMPLETED)
+                for t in (waiter, drain):
+                    t.cancel()
+                await asyncio.gather(waiter, drain, return_exceptions=True)
+
+    # --- serving --------------------------------------------------------------
+
+    async def _serve(self, c: Claimed) -> None:
+        p = c.payload
+        stream = bool(p.get("stream"))
+        req = EngineRequest(
+            request_id=f"{c.rid}-{c.attempt}", kind=p.get("kind", "chat"), prompt=p.get("prompt"),
+            messages=p.get("messages"), max_tokens=int(p.get("max_tokens", 16)),
+            temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
+            stop=list(p.get("stop") or []), seed=p.get("seed"), ignore_eos=bool(p.get("ignore_eos", False)),
+        )
+        t0 = time.monotonic()
+        t_first = t_last = 0.0
+        parts: list[str] = []
+        prompt_tokens = completion_tokens = 0
+        finish_reason = "stop"
+        try:
+            async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)):
+                async for d in self.engine.generate(req):
+                    now = time.monotonic()
+                    if not t_first:
+                        t_first = now
+                    t_last = now
+                    prompt_tokens, completion_tokens = d.prompt_tokens, d.completion_tokens
+                    if d.finish_reason:
+                        finish_reason = d.finish_reason
+                    if stream:
+                        if d.text:
+                            await self.line.emit(c.rid, {"t": "tok", "a": c.attempt, "x": d.text},
+                                                 first_stream_token=not parts)
+                            parts.append(d.text)
+                    else:
+                        parts.append(d.text)
+            ttft = (t_first or time.monotonic()) - t0
+            tpot = (t_last - t_first) / (completion_tokens - 1) if completion_tokens > 1 else 0.0
+            done: dict[str, Any] = {"t": "done", "a": c.attempt, "fr": finish_reason, "pt": prompt_tokens,
+                                    "ct": completion_tokens, "ttft": round(ttft, 6), "tpot": round(tpot, 6),
+                                    "wait": c.waited_ms / 1000, "replica": self.replica_id}
+            if not stream:
+                done["x"] = "".join(parts)
+            if await self.line.finish(c.rid, "completed", done, owner=self.replica_id,
+                                      prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
+                self.completed += 1
+        except TimeoutError:
+            await self.engine.abort(req.request_id)
+            await self.line.finish(c.rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                      "msg": "deadline passed while the request was running"},
+                                   owner=self.replica_id)
+        except asyncio.CancelledError:
+            # Cancelled by the caller or the gateway (which already recorded
+            # the outcome), or the lease was lost: stop the engine's work.
+            await self.engine.abort(req.request_id)
+            raise
+        except EngineError as e:
+            await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": e.type, "msg": str(e)},
+                                   owner=self.replica_id)
+        except Exception as e:  # an engine bug must not take the replica down with it
+            log.exception("request %s failed in the engine", c.rid)
+            await self.engine.abort(req.request_id)
+            await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": "engine_error",
+                                                     "msg": f"{type(e).__name__}: {e}"}, owner=self.replica_id)
+        finally:
+            self.active.pop(c.rid, None)
+            self._slot_freed.set()
+
+    def _cancel(self, rid: str) -> None:
+        task = self.active.get(rid)
+        if task:
+            task.cancel()
+
+    async def _cancel_listener(self) -> None:
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.line.keys.cancel_channel)
+        try:
+            async for msg in pubsub.listen():
+                rid = msg["data"].decode() if isinstance(msg["data"], bytes) else str(msg["data"])
+                self._cancel(rid)
+        finally:
+            await pubsub.aclose()
+
+    # --- heartbeat ------------------------------------------------------------
+
+    async def _heartbeat_once(self) -> None:
+        beat = {"state": self.state, "slots": self.tc.slots, "in_use": len(self.active), "completed": self.completed,
+                "cold_start_s": self.cold_start_s, "ts": time.time(), "started": self.started_at, "pid": os.getpid(),
+                "engine": self.engine_name}
+        await self.redis.hset(self.line.keys.replicas, self.replica_id, orjson.dumps(beat))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            try:
+                for rid in await self.line.renew(self.replica_id, list(self.active), self.tc.lease_s):
+                    self._cancel(rid)
+                await self.line.reap()
+                await self._heartbeat_once()
+            except Exception:  # Redis blips must not kill the replica; the next beat retries
+                log.exception("heartbeat failed")
+
+
+async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: str, *,
+                     replica_id: str | None = None, time_scale: float = 1.0) -> None:
+    from workers.engines import build_engine
+
+    redis = Redis.from_url(redis_url)
+    engine = build_engine(engine_name, cfg.tiers[tier], time_scale=time_scale)
+    worker = Worker(cfg, tier, engine, redis, replica_id=replica_id, engine_name=engine_name)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, worker.drain)
+    try:
+        await worker.run()
+    finally:
+        await redis.aclose()
