@@ -1,8 +1,4 @@
-"""The policy: pure functions of an observed state and the config.
-
-No I/O and no clock of its own: the gateway, the scaler and the simulator
-pass in what they observed (and the time) and execute what comes back. One
-copy of the math, so the live fleet and its replay cannot disagree.
+"""Capacity math: the autoscaling exercise and the meters. Pure; no I/O.
 
 The base functions keep the exact names and meanings of the autoscaling
 exercise (`002_...txt`); the tier decision, admission and budget governor
