@@ -62,6 +62,14 @@ class TierKeys:
         """LIST of requests that failed too many attempts (poison), for an operator."""
         return self._k("dead")
 
+    @property
+    def budget(self) -> str:
+        """HASH of the tier's budget state as the governor last judged it:
+        `exhausted` ("1" or "0"), `retry_at` (epoch seconds when the window
+        resets), `window` (its name), `spent`, `projected`, `budget` (dollars).
+        The gateway's admission reads it; the budget governor writes it."""
+        return self._k("budget")
+
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
         return self._k(f"req:{rid}")

@@ -1,0 +1,39 @@
+"""Every Prometheus metric of the fleet, in one place, so names and label sets
+stay consistent across parts and bounded (tiers and classes are config-sized;
+reasons and outcomes are fixed sets). Each process exposes the ones it feeds.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Buckets that resolve a p99 from 5 ms to 60 s.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+
+REQUESTS = Counter("fleet_requests", "Requests by final outcome (completed, expired, cancelled, failed) "
+                   "and refusals (shed).", ["tier", "priority", "outcome"])
+SHED = Counter("fleet_shed", "Requests refused at admission, by reason.", ["tier", "priority", "reason"])
+TTFT = Histogram("fleet_ttft_seconds", "Time to first token, measured by the worker.", ["tier"],
+                 buckets=LATENCY_BUCKETS)
+TPOT = Histogram("fleet_tpot_seconds", "Time per output token after the first, measured by the worker.", ["tier"],
+                 buckets=(0.0005, 0.001, 0.0025, *LATENCY_BUCKETS))
+LATENCY = Histogram("fleet_request_latency_seconds", "End-to-end latency at the gateway.", ["tier", "priority"],
+                    buckets=LATENCY_BUCKETS)
+QUEUE_WAIT = Histogram("fleet_queue_wait_seconds", "Time spent in the line before a worker claimed it.",
+                       ["tier", "priority"], buckets=LATENCY_BUCKETS)
+TOKENS = Counter("fleet_tokens", "Tokens served, by kind (prompt, completion).", ["tier", "kind"])
+
+LINE_LENGTH = Gauge("fleet_line_length", "Requests waiting in the line, by class.", ["tier", "priority"])
+OLDEST_WAIT = Gauge("fleet_oldest_wait_seconds", "Wait of the oldest request in the line.", ["tier"])
+DRAIN = Gauge("fleet_seconds_to_drain", "Requests waiting / served per second (the scaling signal).", ["tier"])
+ARRIVAL_RATE = Gauge("fleet_arrival_rate", "Admitted requests per second over the rate window.", ["tier"])
+SERVICE_RATE = Gauge("fleet_service_rate", "Completed requests per second over the rate window.", ["tier"])
+REPLICAS = Gauge("fleet_replicas", "Replicas by state (starting, ready, draining).", ["tier", "state"])
+SCALE_DECISIONS = Counter("fleet_scale_decisions", "Scaler decisions by action and reason.",
+                          ["tier", "action", "reason"])
+
+SPEND = Gauge("fleet_spend_usd_total", "Dollars spent by the tier in the current daily budget window.", ["tier"])
+BUDGET = Gauge("fleet_budget_usd", "Dollar budget by window.", ["tier", "window"])
+PROJECTED_SPEND = Gauge("fleet_projected_spend_usd", "Spent so far plus current burn over the rest of the window.",
+                        ["tier", "window"])
+COST_PER_MTOK = Gauge("fleet_cost_per_million_tokens_usd", "Dollars per million useful tokens.", ["tier"])
