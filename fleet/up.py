@@ -54,6 +54,10 @@ async def _progress(cfg: FleetConfig, url: str, want: dict[str, int], procs: lis
         await redis.aclose()
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_up(cfg: FleetConfig, *, host: str, port: int, engine: str | None, config_path: str | None) -> int:
     try:
         url, private = resolve_redis()
@@ -61,6 +65,8 @@ def run_up(cfg: FleetConfig, *, host: str, port: int, engine: str | None, config
         click.echo(f"fleet: {e}", err=True)
         return 2
     click.echo(f"fleet: Redis at {url}" + (" (private, started for this fleet)" if private else ""))
+    # A process manager stops us with SIGTERM: drain the fleet as Ctrl-C would.
+    signal.signal(signal.SIGTERM, _interrupt)
     env = {**os.environ, "REDIS_URL": url}
     if config_path:
         env["FLEET_CONFIG"] = config_path
