@@ -1,0 +1,174 @@
+"""Admission: join the line, or be refused now with a reason and a truthful retry time. Pure; no I/O.
+
+The gateway observes a tier (line by class, completions, replicas, budget
+state) and asks `admit`; the simulator asks the same function in simulated
+time. The rule (DESIGN.md, "Policy"):
+
+    predicted wait = start-up still to pay + requests ahead of it of its class or higher / service rate
+                     + its own expected service time
+
+- `budget_exhausted` for classes below `committed` while the tier's budget is spent;
+- `deadline_unmeetable` when the predicted wait exceeds the caller's deadline;
+- `drain_exceeded` when it exceeds the class's wait limit for the tier;
+- otherwise admitted.
+
+The service rate is never infinite and never zero: a tier with no replica
+yet predicts from its expected start-up time and the modelled rate of one
+replica, so a cold tier says "about 15 s", not "never".
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from fleet.config import Priority
+
+Reason = Literal["drain_exceeded", "deadline_unmeetable", "budget_exhausted"]
+Basis = Literal["measured", "model", "cold_start", "starting"]
+
+# A busy spell shorter than this, or with fewer completions, is too little evidence to
+# replace the calibrated model with a measurement.
+MIN_BUSY_S = 1.0
+MIN_BUSY_COMPLETIONS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceForecast:
+    """How fast the tier will serve its line, and after how long."""
+
+    rate: float  # requests per second, > 0
+    delay_s: float  # seconds before any replica serves (cold start still to pay), >= 0
+    basis: Basis  # where the rate came from, for the refusal message and the status page
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The admission decision, with everything that explains it."""
+
+    admitted: bool
+    reason: Reason | None  # None when admitted
+    predicted_wait_s: float
+    bound_s: float  # the limit it was judged against: min(deadline, class wait limit)
+    retry_after_s: int  # whole seconds, >= 1 when refused, 0 when admitted
+    ahead: int
+    message: str
+
+
+def expected_startup_s(measured_cold_starts: Sequence[float], modelled_s: float) -> float:
+    """Seconds a new replica takes to serve: the median of what replicas measured, else the model.
+
+    Measured beats modelled: weights load from a slower disk than the
+    config assumed, warm-up compiles more than expected.
+    """
+    seen = [s for s in measured_cold_starts if s is not None and s >= 0]
+    return statistics.median(seen) if seen else max(0.0, modelled_s)
+
+
+def replica_concurrency(slots: int, kv_capacity_tokens: int | None, tokens_per_request: int) -> int:
+    """Requests one replica runs at once: its slots, but no more than its KV cache holds
+    at the typical request shape (a replica that accepts more only queues them inside,
+    where the line cannot see them). Always at least one."""
+    if kv_capacity_tokens is None or tokens_per_request <= 0:
+        return max(1, slots)
+    return max(1, min(slots, kv_capacity_tokens // tokens_per_request))
+
+
+def service_forecast(
+    *,
+    ready: int,
+    starting_left_s: Sequence[float],
+    per_replica_rate: float,
+    startup_s: float,
+    completions_in_window: int,
+    window_s: float,
+    busy_s: float = 0.0,
+    completions_while_busy: int = 0,
+) -> ServiceForecast:
+    """The tier's service rate for admission, robust when it has just started or has no replicas.
+
+    - Ready replicas and a busy spell (the line has been non-empty for
+      `busy_s`, so every slot was working) with enough completions in it:
+      the measured rate is the tier's capacity. Trust it.
+    - Ready replicas otherwise: completions over the window only show what
+      arrived, not what the tier could do (an idle tier hit by a burst would
+      read as slow), so take the larger of that and the modelled capacity.
+    - No ready replica but some starting: the first one serves when its
+      remaining start-up has passed, at the modelled rate of those starting.
+    - Nothing at all: a replica must be started; pay the full start-up.
+    """
+    model = max(per_replica_rate, 1e-9)
+    if ready > 0:
+        if busy_s >= MIN_BUSY_S and completions_while_busy >= MIN_BUSY_COMPLETIONS:
+            return ServiceForecast(completions_while_busy / busy_s, 0.0, "measured")
+        measured = completions_in_window / window_s if window_s > 0 else 0.0
+        if measured > ready * model:
+            return ServiceForecast(measured, 0.0, "measured")
+        return ServiceForecast(ready * model, 0.0, "model")
+    if starting_left_s:
+        return ServiceForecast(len(starting_left_s) * model, max(0.0, min(starting_left_s)), "starting")
+    return ServiceForecast(model, max(0.0, startup_s), "cold_start")
+
+
+def predicted_wait_s(ahead: int, forecast: ServiceForecast, service_s: float) -> float:
+    """Seconds from now until this request is served, if it joins the line now."""
+    return forecast.delay_s + max(0, ahead) / forecast.rate + max(0.0, service_s)
+
+
+def _whole_seconds(s: float) -> int:
+    # Retry-After is whole seconds; rounding up keeps it honest, and 0 would invite a storm.
+    return max(1, math.ceil(s - 1e-9))
+
+
+def admit(
+    priority: Priority,
+    *,
+    ahead: int,
+    forecast: ServiceForecast,
+    service_s: float,
+    wait_limit_s: float,
+    deadline_s: float | None,
+    budget_exhausted: bool = False,
+    budget_retry_in_s: float | None = None,
+) -> Decision:
+    """Admit or refuse one request of class `priority`.
+
+    `ahead`: requests in the line (and being admitted) of its class or
+    higher. `service_s`: its own expected service time. `deadline_s`: the
+    caller's X-Deadline-Ms in seconds (None: no deadline). `budget_retry_in_s`:
+    seconds until the tier's budget window resets.
+
+    Retry-After: for the line, the time it needs to drain back under the
+    bound, excess wait / 1 (every second of draining takes a second off the
+    predicted wait, if nothing of a higher class arrives); for the budget,
+    the time until the window resets.
+    """
+    wait = predicted_wait_s(ahead, forecast, service_s)
+    deadline = math.inf if deadline_s is None else deadline_s
+    bound = min(deadline, wait_limit_s)
+    if budget_exhausted and priority > Priority.committed:
+        retry = budget_retry_in_s if budget_retry_in_s is not None and budget_retry_in_s > 0 else 60.0
+        return Decision(False, "budget_exhausted", wait, bound, _whole_seconds(retry), ahead,
+                        f"the tier's budget is spent; {priority.name} work is refused until the window resets "
+                        f"in {_whole_seconds(retry)} s (committed work is still served)")
+    if wait <= bound:
+        return Decision(True, None, wait, bound, 0, ahead, "admitted")
+    reason: Reason = "deadline_unmeetable" if deadline <= wait_limit_s else "drain_exceeded"
+    floor = forecast.delay_s + max(0.0, service_s)  # what no amount of draining removes
+    if floor > bound:
+        # Even an empty line cannot meet it: come back when the line has drained
+        # (and any start-up is paid); the message says the bound itself is too tight.
+        retry = _whole_seconds(wait)
+        why = (f"this request's expected service time ({service_s:.2f} s"
+               + (f" after {forecast.delay_s:.1f} s of start-up" if forecast.delay_s > 0 else "")
+               + f") alone exceeds its {'deadline' if reason == 'deadline_unmeetable' else 'wait limit'} "
+               f"of {bound:.2f} s")
+    else:
+        retry = _whole_seconds(wait - bound)
+        why = (f"predicted wait {wait:.2f} s ({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds "
+               + (f"its deadline of {bound:.2f} s" if reason == "deadline_unmeetable"
+                  else f"the {priority.name} wait limit of {bound:.2f} s"))
+    return Decision(False, reason, wait, bound, retry, ahead, f"{why}; retry after {retry} s")

@@ -1,0 +1,117 @@
+"""API keys: who is calling, which tiers and classes they may use, and who is an admin.
+
+Keys live in the config as sha256 digests (`fleet hash-key SECRET`), never in
+clear. A presented Bearer token is hashed and compared with every configured
+digest with `hmac.compare_digest`, with no early exit, so the time taken
+says nothing about how close a guess was. With no keys configured the
+gateway runs open (everyone may do everything) and says so at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from fleet.config import ApiKey, FleetConfig, Priority
+from gateway.errors import APIError
+
+log = logging.getLogger("fleet.gateway.auth")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated caller. `key` is None when the gateway runs open."""
+
+    key: ApiKey | None
+
+    @property
+    def name(self) -> str:
+        return self.key.name if self.key else "open"
+
+    @property
+    def admin(self) -> bool:
+        return self.key is None or self.key.admin
+
+    def check_tier(self, tier: str) -> None:
+        if self.key is not None and self.key.tiers is not None and tier not in self.key.tiers:
+            raise APIError(403, f"API key {self.key.name!r} may not use tier {tier!r}", "permission_error",
+                           code="tier_not_allowed", param="model")
+
+    def priority(self, header: str | None, default: str) -> Priority:
+        """The request's class: its X-Priority, else the key's default; never above the key's highest."""
+        raw = header if header is not None else (self.key.default_priority if self.key else default)
+        try:
+            p = Priority.parse(raw)
+        except KeyError:
+            raise APIError(400, f"X-Priority {raw!r} is not a class; use one of "
+                           f"{', '.join(c.name for c in Priority)}", param="X-Priority",
+                           code="invalid_priority") from None
+        if self.key is not None:
+            highest = Priority.parse(self.key.max_priority)
+            if p < highest:  # a lower value is a higher class
+                raise APIError(403, f"API key {self.key.name!r} may send {highest.name} or lower, not {p.name}",
+                               "permission_error", code="priority_not_allowed", param="X-Priority")
+        return p
+
+
+class KeyRing:
+    """The configured keys, by digest."""
+
+    def __init__(self, keys: list[ApiKey]) -> None:
+        self.keys = [(bytes.fromhex(k.sha256.strip().lower()), k) for k in keys]
+
+    @classmethod
+    def from_config(cls, cfg: FleetConfig) -> KeyRing:
+        ring = cls(cfg.keys)
+        if ring.open:
+            log.warning("no API keys configured: the gateway runs OPEN (any caller, any tier, any class, "
+                        "admin endpoints included); add `keys:` to the config to close it")
+        else:
+            log.info("%d API keys configured; calls need `Authorization: Bearer <key>`", len(ring.keys))
+        return ring
+
+    @property
+    def open(self) -> bool:
+        return not self.keys
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        """The caller behind an Authorization header, or 401 invalid_api_key."""
+        if self.open:
+            return Caller(None)
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise APIError(401, "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+        digest = hashlib.sha256(token.encode()).digest()
+        found: ApiKey | None = None
+        for known, key in self.keys:  # every key is compared: the time does not depend on which matched
+            if hmac.compare_digest(digest, known):
+                found = key
+        if found is None:
+            raise APIError(401, "invalid API key", code="invalid_api_key")
+        return Caller(found)
+
+
+def keyring(request: Request) -> KeyRing:
+    ring = getattr(request.app.state, "keyring", None)
+    if ring is None:  # an app built without keys at all runs open
+        return KeyRing([])
+    return ring
+
+
+def authenticate(request: Request) -> Caller:
+    return keyring(request).authenticate(request.headers.get("authorization"))
+
+
+def require_admin(request: Request) -> Caller:
+    """Guard a fleet-control endpoint (e.g. POST /v1/fleet/prewarm): 401 without a valid key,
+    403 for a key that is not an admin key. Open gateways let everyone through."""
+    caller = authenticate(request)
+    if not caller.admin:
+        raise APIError(403, f"API key {caller.name!r} is not an admin key", "permission_error",
+                       code="admin_required")
+    return caller
