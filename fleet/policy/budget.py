@@ -1,0 +1,249 @@
+"""The budget governor's math: pure functions of spend, burn and `now`. No I/O.
+
+Part four of `000_...txt`: "attach a budget to each endpoint and let it bound
+the autoscaler's ceiling. When an endpoint's projected spend for the day
+crosses its budget, the autoscaler stops adding capacity and the fleet sheds
+instead." The chapter (`002_...txt`) gives the unit: cost per million
+*useful* tokens, C = 1e6 * H / (3600 * r).
+
+The pieces, each taking `now` (epoch seconds) as input so the live governor and
+the simulator agree:
+
+- windows: the daily window (from `reset_at` in `timezone`) and any named
+  windows (a cron start plus a duration) active at `now`;
+- `projected_spend`: spent so far + current burn rate * rest of the window;
+- `budget_ceiling`: the most replicas whose burn keeps projected spend within
+  the budget;
+- `judge`: all of that for one tier, with the reason it decided what it did.
+
+Exhausted means the fleet *as it runs now* cannot be afforded to the end of a
+window (projected spend >= budget). Then classes below committed are shed with
+`budget_exhausted`, which lets the line empty and the scaler step down: the
+burn falls, and with it the projection. Speculative work on replicas already
+paid for and within budget is not shed by budget: it costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+from fleet.config import Budget, TierConfig
+from fleet.policy.capacity import cost_per_million_tokens
+
+DAILY = "daily"
+_EPS = 1e-9  # float slack so that exactly-affordable replicas are not floored away
+
+
+# --- Windows --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One instance of a budget window: [start, end) in epoch seconds."""
+
+    name: str
+    start: float
+    end: float
+    usd: float
+
+    def rest_s(self, now: float) -> float:
+        return max(0.0, self.end - now)
+
+
+def parse_reset(reset_at: str) -> time:
+    """`HH:MM` (24 h) -> time; ValueError names what is wrong."""
+    try:
+        hh, mm = reset_at.strip().split(":")
+        return time(int(hh), int(mm))
+    except (ValueError, TypeError):
+        raise ValueError(f"reset_at must be HH:MM (24 h), got {reset_at!r}") from None
+
+
+def budget_day(budget: Budget, now: float) -> tuple[float, float]:
+    """The budget day around `now`: from the last reset to the next (epoch seconds).
+
+    Built in the budget's time zone from calendar dates, so a day across a DST
+    change is 23 or 25 hours long, as the operator's wall clock says. Spend
+    "today" is reported over this day even for a tier without a daily budget.
+    """
+    tz = ZoneInfo(budget.timezone)
+    at = parse_reset(budget.reset_at)
+    local = datetime.fromtimestamp(now, tz)
+    today = datetime.combine(local.date(), at, tzinfo=tz)
+    if today.timestamp() <= now:
+        start, end = today, datetime.combine(local.date() + timedelta(days=1), at, tzinfo=tz)
+    else:
+        start, end = datetime.combine(local.date() - timedelta(days=1), at, tzinfo=tz), today
+    return start.timestamp(), end.timestamp()
+
+
+def daily_window(budget: Budget, now: float) -> Window | None:
+    """The daily budget's window at `now`; None without a daily budget."""
+    if budget.daily_usd is None:
+        return None
+    start, end = budget_day(budget, now)
+    return Window(DAILY, start, end, budget.daily_usd)
+
+
+def named_windows(budget: Budget, now: float) -> list[Window]:
+    """The named windows active at `now` (each from its latest cron start)."""
+    from croniter import croniter
+
+    tz = ZoneInfo(budget.timezone)
+    # croniter's get_prev is strictly before its base; nudge the base so a
+    # window that starts exactly now counts as started.
+    base = datetime.fromtimestamp(now, tz) + timedelta(microseconds=1)
+    out = []
+    for w in budget.windows:
+        start = croniter(w.cron, base).get_prev(datetime).timestamp()
+        if start <= now < start + w.duration_s:
+            out.append(Window(w.name, start, start + w.duration_s, w.usd))
+    return out
+
+
+def active_windows(budget: Budget, now: float) -> list[Window]:
+    """Every budget window that constrains spend at `now`: daily first."""
+    daily = daily_window(budget, now)
+    return ([daily] if daily else []) + named_windows(budget, now)
+
+
+# --- Cost -----------------------------------------------------------------------
+
+
+def replica_usd_per_s(tc: TierConfig) -> float:
+    """What one replica of the tier burns per second, in any state (a starting
+    replica holds its GPUs too: the cold-start tax is a real cost)."""
+    return tc.hourly_usd / 3600.0
+
+
+def cost_per_useful_million(spent_usd: float, useful_tokens: int, seconds: float) -> float:
+    """Dollars per million useful tokens over a period, by the chapter's formula:
+    H = spend rate per hour, r = useful tokens per second. Infinite with none."""
+    if seconds <= 0 or useful_tokens <= 0:
+        return math.inf
+    return cost_per_million_tokens(spent_usd * 3600.0 / seconds, useful_tokens / seconds)
+
+
+def key_usd_per_million(tc: TierConfig, replica_tokens_per_s: float) -> float:
+    """The price a key pays per million tokens on this tier.
+
+    The tier's per-token price where one is configured; otherwise the
+    replica's hourly price spread over what a full replica serves, so keys on
+    GPU-hour-priced tiers still have a dollar cost per call.
+    """
+    if tc.usd_per_million_tokens is not None:
+        return tc.usd_per_million_tokens
+    if tc.hourly_usd <= 0:
+        return 0.0
+    return cost_per_million_tokens(tc.hourly_usd, replica_tokens_per_s)
+
+
+def tokens_usd(tokens: int, usd_per_million: float) -> float:
+    return tokens * usd_per_million / 1e6
+
+
+# --- Projection and ceiling -----------------------------------------------------
+
+
+def projected_spend(spent_usd: float, burn_usd_per_s: float, now: float, window_end: float) -> float:
+    """Spent so far plus the current burn rate over the rest of the window."""
+    return spent_usd + max(0.0, burn_usd_per_s) * max(0.0, window_end - now)
+
+
+def budget_ceiling(budget_usd: float, spent_usd: float, now: float, window_end: float,
+                   replica_usd_per_s: float, other_burn_usd_per_s: float = 0.0) -> int | None:
+    """The most replicas whose burn keeps projected spend within the budget.
+
+    None when replicas cost nothing or the window is over: the budget does not
+    bound the count. Never negative.
+    """
+    rest = max(0.0, window_end - now)
+    if replica_usd_per_s <= 0 or rest <= 0:
+        return None
+    left = budget_usd - spent_usd - max(0.0, other_burn_usd_per_s) * rest
+    return max(0, math.floor(left / (replica_usd_per_s * rest) + _EPS))
+
+
+# --- The tier's judgement ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetObservation:
+    """What the governor saw for one tier at `now`."""
+
+    now: float
+    replicas: int  # billing now: starting + ready + draining
+    spent_usd: dict[str, float] = field(default_factory=dict)  # window name -> spent in its current instance
+    token_burn_usd_per_s: float = 0.0  # recent per-token spend rate (tiers with a per-token price)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowView:
+    name: str
+    start: float
+    end: float
+    budget_usd: float
+    spent_usd: float
+    projected_usd: float
+    ceiling: int | None  # None: this window does not bound replicas
+    exhausted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetView:
+    """A tier's budget judgement.
+
+    `ceiling` is what the budget alone allows (the tightest active window),
+    not clamped to max_replicas, so the scaler can tell which limit binds;
+    None when no window bounds the replica count.
+    """
+
+    exhausted: bool
+    window: str | None  # the binding window: the exhausted one, else the tightest
+    retry_at: float | None  # when shedding by budget can end: the exhausted windows' latest end
+    spent_usd: float
+    projected_usd: float
+    budget_usd: float | None
+    ceiling: int | None
+    capped: bool  # the budget is tighter than max_replicas
+    burn_usd_per_s: float
+    reason: str
+    windows: tuple[WindowView, ...] = ()
+
+
+def judge(tc: TierConfig, obs: BudgetObservation) -> BudgetView:
+    """Exhausted?, the ceiling the budget allows, and why. Pure."""
+    per_replica = replica_usd_per_s(tc)
+    burn = obs.replicas * per_replica + max(0.0, obs.token_burn_usd_per_s)
+    views = []
+    for w in active_windows(tc.budget, obs.now):
+        spent = obs.spent_usd.get(w.name, 0.0)
+        projected = projected_spend(spent, burn, obs.now, w.end)
+        ceiling = budget_ceiling(w.usd, spent, obs.now, w.end, per_replica, obs.token_burn_usd_per_s)
+        views.append(WindowView(w.name, w.start, w.end, w.usd, spent, projected, ceiling,
+                                exhausted=projected >= w.usd))
+    if not views:
+        return BudgetView(False, None, None, 0.0, 0.0, None, None, False, burn, "no budget window is active", ())
+    bounded = [v.ceiling for v in views if v.ceiling is not None]
+    ceiling = min(bounded) if bounded else None
+    capped = ceiling is not None and ceiling < tc.max_replicas
+    spent_out = [v for v in views if v.exhausted]
+    if spent_out:
+        bind = max(spent_out, key=lambda v: v.end)
+        reason = (f"projected spend ${bind.projected_usd:.2f} reaches the {bind.name} budget "
+                  f"${bind.budget_usd:.2f} at the current burn of ${burn * 3600:.2f}/h")
+        return BudgetView(True, bind.name, bind.end, bind.spent_usd, bind.projected_usd, bind.budget_usd,
+                          ceiling, capped, burn, reason, tuple(views))
+    # Not exhausted: report the window with the least headroom.
+    bind = min(views, key=lambda v: (v.ceiling if v.ceiling is not None else math.inf,
+                                     v.budget_usd - v.projected_usd))
+    if capped:
+        reason = (f"the {bind.name} budget ${bind.budget_usd:.2f} allows {ceiling} replicas "
+                  f"(spent ${bind.spent_usd:.2f}, projected ${bind.projected_usd:.2f})")
+    else:
+        reason = f"within budget: projected ${bind.projected_usd:.2f} of ${bind.budget_usd:.2f} ({bind.name})"
+    return BudgetView(False, bind.name, None, bind.spent_usd, bind.projected_usd, bind.budget_usd, ceiling,
+                      capped, burn, reason, tuple(views))

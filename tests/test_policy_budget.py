@@ -1,0 +1,174 @@
+"""The budget governor's math (pure): cost per useful token, windows, projection, ceiling."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from fleet.config import Budget, BudgetWindow, ConfigError, TierConfig, load_config
+from fleet.policy import cost_per_million_tokens
+from fleet.policy.budget import (
+    BudgetObservation,
+    budget_ceiling,
+    budget_day,
+    cost_per_useful_million,
+    daily_window,
+    judge,
+    key_usd_per_million,
+    named_windows,
+    projected_spend,
+)
+
+NY = ZoneInfo("America/New_York")
+
+
+def at(*args: int, tz: ZoneInfo = NY) -> float:
+    return datetime(*args, tzinfo=tz).timestamp()
+
+
+# --- The chapter's worked example ---------------------------------------------
+
+
+def test_chapter_cost_per_million_useful_tokens() -> None:
+    # $2/hour at 100 useful output tokens/s is about $5.5556 per million.
+    assert cost_per_million_tokens(2.0, 100.0) == pytest.approx(5.5556, abs=1e-4)
+    # Useful throughput halves: cost doubles, to about $11.1111.
+    assert cost_per_million_tokens(2.0, 50.0) == pytest.approx(11.1111, abs=1e-4)
+    assert cost_per_million_tokens(2.0, 50.0) == pytest.approx(2 * cost_per_million_tokens(2.0, 100.0))
+    # The ledger's form, over an hour: $2 spent, 360,000 useful tokens.
+    assert cost_per_useful_million(2.0, 360_000, 3600.0) == pytest.approx(5.5556, abs=1e-4)
+    assert cost_per_useful_million(2.0, 180_000, 3600.0) == pytest.approx(11.1111, abs=1e-4)
+    # No useful tokens yet: the cost is unbounded, not zero.
+    assert cost_per_useful_million(2.0, 0, 3600.0) == math.inf
+
+
+def test_key_price_per_million() -> None:
+    assert key_usd_per_million(TierConfig(hourly_usd=2.0, usd_per_million_tokens=0.5), 100.0) == 0.5
+    assert key_usd_per_million(TierConfig(hourly_usd=2.0), 100.0) == pytest.approx(5.5556, abs=1e-4)
+    assert key_usd_per_million(TierConfig(hourly_usd=0.0), 100.0) == 0.0
+
+
+# --- Windows ---------------------------------------------------------------------
+
+
+def test_daily_window_resets_in_its_time_zone() -> None:
+    b = Budget(daily_usd=100, reset_at="06:00", timezone="America/New_York")
+    w = daily_window(b, at(2026, 11, 3, 7, 30))
+    assert w and (w.start, w.end) == (at(2026, 11, 3, 6, 0), at(2026, 11, 4, 6, 0)) and w.usd == 100
+    # Before the reset it is still yesterday's window.
+    w = daily_window(b, at(2026, 11, 3, 5, 59))
+    assert w and (w.start, w.end) == (at(2026, 11, 2, 6, 0), at(2026, 11, 3, 6, 0))
+    # Exactly at the reset, the new window has begun.
+    assert daily_window(b, at(2026, 11, 3, 6, 0)).start == at(2026, 11, 3, 6, 0)  # type: ignore[union-attr]
+    # The day DST ends (1 Nov 2026 in New York) is 25 hours long at midnight reset.
+    start, end = budget_day(Budget(timezone="America/New_York"), at(2026, 11, 1, 12, 0))
+    assert end - start == 25 * 3600
+    assert daily_window(Budget(), at(2026, 11, 3, 7, 30)) is None  # no daily budget
+
+
+def test_named_window_open_on_weekdays() -> None:
+    b = Budget(timezone="America/New_York",
+               windows=[BudgetWindow(name="open", cron="25 8 * * 1-5", duration_s=5700, usd=60)])
+    # Tuesday 08:34, in the open.
+    (w,) = named_windows(b, at(2026, 11, 3, 8, 34))
+    assert (w.name, w.start, w.end, w.usd) == ("open", at(2026, 11, 3, 8, 25), at(2026, 11, 3, 10, 0), 60)
+    assert named_windows(b, at(2026, 11, 3, 8, 25))[0].start == at(2026, 11, 3, 8, 25)  # starts exactly now
+    assert named_windows(b, at(2026, 11, 3, 10, 0)) == []  # [start, end): over at 10:00
+    assert named_windows(b, at(2026, 11, 3, 8, 24, 59)) == []
+    assert named_windows(b, at(2026, 11, 7, 8, 34)) == []  # Saturday
+
+
+def test_bad_budget_config_names_the_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cases = {
+        "reset_at: '25:00'": "tiers.t.budget.reset_at",
+        "timezone: Mars/Olympus": "tiers.t.budget.timezone",
+        "windows: [{name: open, cron: 'not cron', duration_s: 60, usd: 1}]": "tiers.t.budget.windows.0.cron",
+        "daily_usd: -1": "tiers.t.budget.daily_usd",
+    }
+    for line, field in cases.items():
+        p = tmp_path / "f.yaml"
+        p.write_text(f"tiers:\n  t:\n    budget:\n      {line}\n")
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_config(p)
+
+
+# --- Projection and ceiling ----------------------------------------------------
+
+
+def test_projected_spend_is_spent_plus_burn_over_the_rest() -> None:
+    now = 1_000.0
+    assert projected_spend(10.0, 0.01, now, now + 3600) == pytest.approx(46.0)
+    assert projected_spend(10.0, 0.01, now, now - 5) == 10.0  # window over: only what was spent
+    assert projected_spend(10.0, -1.0, now, now + 100) == 10.0  # no negative burn
+
+
+def test_budget_ceiling_on_constructed_states() -> None:
+    now, end = 0.0, 5700.0  # the open: 95 minutes left
+    per = 9.80 / 3600  # a planner replica
+    # $60 for the open: 3 replicas cost $46.55, 4 cost $62.07.
+    assert budget_ceiling(60.0, 0.0, now, end, per) == 3
+    # $20 already spent: 2 replicas for the rest ($31.03) fit, 3 ($46.55) do not.
+    assert budget_ceiling(60.0, 20.0, now, end, per) == 2
+    # Exactly affordable counts: $1/s replicas, 100 s left, $300 budget -> 3.
+    assert budget_ceiling(300.0, 0.0, 0.0, 100.0, 1.0) == 3
+    # Per-token burn takes its share first.
+    assert budget_ceiling(300.0, 0.0, 0.0, 100.0, 1.0, other_burn_usd_per_s=1.5) == 1
+    # Overspent: zero, never negative. Free replicas or a closed window: no bound.
+    assert budget_ceiling(60.0, 70.0, now, end, per) == 0
+    assert budget_ceiling(60.0, 0.0, now, end, 0.0) is None
+    assert budget_ceiling(60.0, 0.0, end, end, per) is None
+
+
+def _planner(**budget: object) -> TierConfig:
+    return TierConfig(hourly_usd=9.80, max_replicas=6, budget=Budget(timezone="America/New_York", **budget))
+
+
+OPEN = [BudgetWindow(name="open", cron="25 8 * * 1-5", duration_s=5700, usd=60)]
+
+
+def test_judge_caps_the_ceiling_by_the_open_window() -> None:
+    tc = _planner(daily_usd=1500, windows=OPEN)
+    now = at(2026, 11, 3, 8, 25)
+    v = judge(tc, BudgetObservation(now=now, replicas=3, spent_usd={"daily": 10.0, "open": 0.0}))
+    assert not v.exhausted
+    assert v.ceiling == 3 and v.capped and v.window == "open"
+    assert "open" in v.reason and "allows 3" in v.reason
+    assert {w.name for w in v.windows} == {"daily", "open"}
+    assert v.projected_usd == pytest.approx(3 * 9.80 * 5700 / 3600)
+    assert v.retry_at is None
+
+
+def test_judge_exhausted_when_the_running_fleet_cannot_be_afforded() -> None:
+    tc = _planner(daily_usd=1500, windows=OPEN)
+    now = at(2026, 11, 3, 8, 34)  # 86 minutes of the open left
+    v = judge(tc, BudgetObservation(now=now, replicas=5, spent_usd={"daily": 100.0, "open": 12.0}))
+    assert v.exhausted and v.window == "open"
+    assert v.retry_at == at(2026, 11, 3, 10, 0)  # Retry-After runs to the open's end
+    assert v.projected_usd >= v.budget_usd == 60  # type: ignore[operator]
+    # ($60 - $12) / ($9.80/h * 86 min = $14.05 a replica) = 3.4: the scaler steps down to 3.
+    assert v.ceiling == 3 and v.capped
+    assert "reaches the open budget" in v.reason
+
+
+def test_judge_spent_out_daily_budget_retries_at_the_reset() -> None:
+    tc = _planner(daily_usd=100, reset_at="06:00")
+    now = at(2026, 11, 3, 20, 0)
+    v = judge(tc, BudgetObservation(now=now, replicas=1, spent_usd={"daily": 100.0}))
+    assert v.exhausted and v.window == "daily" and v.ceiling == 0
+    assert v.retry_at == at(2026, 11, 4, 6, 0)
+
+
+def test_judge_without_budget_or_with_per_token_burn() -> None:
+    v = judge(TierConfig(hourly_usd=1.0, max_replicas=4), BudgetObservation(now=0.0, replicas=2))
+    assert not v.exhausted and v.ceiling is None and not v.capped and v.budget_usd is None
+    # A tier billed by tokens: the token burn alone can exhaust it.
+    tc = TierConfig(hourly_usd=0.0, usd_per_million_tokens=10.0, max_replicas=4,
+                    budget=Budget(daily_usd=50, timezone="UTC"))
+    now = datetime(2026, 11, 3, 23, 0, tzinfo=ZoneInfo("UTC")).timestamp()  # an hour to the reset
+    calm = judge(tc, BudgetObservation(now=now, replicas=4, spent_usd={"daily": 40.0}, token_burn_usd_per_s=0.001))
+    assert not calm.exhausted and calm.ceiling is None  # replicas are free here: no cap
+    hot = judge(tc, BudgetObservation(now=now, replicas=4, spent_usd={"daily": 40.0}, token_burn_usd_per_s=0.01))
+    assert hot.exhausted and hot.projected_usd == pytest.approx(40.0 + 36.0)
