@@ -1,0 +1,100 @@
+"""What the gateway tells Prometheus.
+
+Two kinds of metric live here:
+
+- Gauges of the fleet's state (line by class, oldest wait, seconds-to-drain,
+  arrival and service rates, replicas by state, the configured bounds). Redis
+  is the truth for these and every gateway replica sees the same line, so
+  they are refreshed from Redis at scrape time, with the same meters the
+  policy uses, rather than kept up to date on the hot path.
+- Histograms of what callers experienced (end-to-end latency and queue wait
+  by class, TTFT and TPOT as the worker measured them), observed once per
+  request when its final event passes through the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from fleet import metrics as m
+from fleet.config import CLASSES, FleetConfig
+from fleet.governor import assess, refresh_tier_metrics
+from fleet.line import Line
+from fleet.policy import rate, seconds_to_drain
+from fleet.replicas import by_state, read_replicas
+
+router = APIRouter()
+
+
+async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
+    """Set one tier's state gauges from what Redis holds now."""
+    tier = line.tier
+    tc = cfg.tiers[tier]
+    snap = await line.observe()
+    replicas = await read_replicas(line.redis, line.keys, cfg.heartbeat_s)
+    served = rate(snap.completions_in_window, cfg.rate_window_s)
+    for cls, n in zip(CLASSES, snap.by_class, strict=True):
+        m.LINE_LENGTH.labels(tier, cls).set(n)
+    m.OLDEST_WAIT.labels(tier).set(snap.oldest_wait_s)
+    m.DRAIN.labels(tier).set(seconds_to_drain(snap.waiting, served))  # +Inf when nothing serves a non-empty line
+    m.ARRIVAL_RATE.labels(tier).set(rate(snap.arrivals_in_window, cfg.rate_window_s))
+    m.SERVICE_RATE.labels(tier).set(served)
+    m.IN_FLIGHT.labels(tier).set(snap.inflight)
+    for state, n in by_state(replicas).items():
+        m.REPLICAS.labels(tier, state).set(n)
+    m.WARM_FLOOR.labels(tier).set(tc.warm_floor)
+    m.MAX_REPLICAS.labels(tier).set(tc.max_replicas)
+    m.DRAIN_THRESHOLD.labels(tier).set(tc.drain_threshold_s)
+
+
+async def refresh_spend(cfg: FleetConfig, line: Line) -> None:
+    """Spend, budget and cost gauges, judged by the budget governor's own (read-only) assessment,
+    so the gateway's /metrics is complete even where no scaler runs."""
+    tb = await assess(line.redis, cfg, line.tier, time.time())
+    refresh_tier_metrics(line.tier, tb, [w.name for w in cfg.tiers[line.tier].budget.windows])
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    gw = request.app.state.gw
+    # A Redis blip must not cost the scrape the histograms: the gauges then
+    # keep their last values and the failure shows as a missing refresh.
+    lines = list(gw.lines.values())
+    await asyncio.gather(*(refresh_tier(gw.cfg, line) for line in lines),
+                         *(refresh_spend(gw.cfg, line) for line in lines), return_exceptions=True)
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+class RequestRecorder:
+    """Observes one request's histograms when its final event arrives. Safe to
+    call more than once: only the first final event counts."""
+
+    __slots__ = ("_done", "priority", "t0", "tier")
+
+    def __init__(self, tier: str, priority: str) -> None:
+        self.tier = tier
+        self.priority = priority
+        self.t0 = time.monotonic()
+        self._done = False
+
+    def done(self, ev: dict[str, Any]) -> None:
+        """The worker's done event: fields ttft, tpot, wait (seconds), pt, ct (tokens)."""
+        if self._done:
+            return
+        self._done = True
+        m.LATENCY.labels(self.tier, self.priority).observe(time.monotonic() - self.t0)
+        if "wait" in ev:
+            m.QUEUE_WAIT.labels(self.tier, self.priority).observe(float(ev["wait"]))
+        if "ttft" in ev:
+            m.TTFT.labels(self.tier).observe(float(ev["ttft"]))
+        # One token has no time per output token; the worker sends 0 then.
+        if int(ev.get("ct", 0)) > 1 and "tpot" in ev:
+            m.TPOT.labels(self.tier).observe(float(ev["tpot"]))
+        m.TOKENS.labels(self.tier, "prompt").inc(int(ev.get("pt", 0)))
+        m.TOKENS.labels(self.tier, "completion").inc(int(ev.get("ct", 0)))
