@@ -59,11 +59,11 @@ async def _try(env: Env, req: AdmissionRequest) -> APIError | None:
 
 
 async def test_a_concurrent_burst_is_judged_as_if_in_turn(env: Env) -> None:
-    # Background on `slow`: 1.5 s limit, 0.22 s service at ~9.1/s -> 11 fit (0..11 ahead).
+    # Background on `slow`: 1.5 s limit on the wait in line at ~9.1/s -> 14 fit (0..13 ahead).
     # Forty at once must not all read the same empty line.
     got = await asyncio.gather(*(_try(env, _req(env, Priority.background)) for _ in range(40)))
     admitted = sum(e is None for e in got)
-    assert 10 <= admitted <= 13, admitted
+    assert 12 <= admitted <= 15, admitted
     snap = await env.lines["slow"].observe()
     assert snap.by_class[Priority.background] == admitted
     refused = [e for e in got if e is not None]

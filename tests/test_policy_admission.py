@@ -26,19 +26,28 @@ def test_empty_line_is_admitted_with_its_own_service_time() -> None:
 
 
 def test_drain_exceeded_with_retry_after_the_excess_rounded_up() -> None:
-    # 20 ahead at 10/s = 2 s, + 0.5 s service = 2.5 s against a 1 s limit: 1.5 s excess -> 2 s.
-    d = admit(Priority.speculative, ahead=20, forecast=READY, service_s=0.5, wait_limit_s=1.0, deadline_s=30.0)
+    # 25 ahead at 10/s = 2.5 s in line against a 1 s limit: 1.5 s excess -> 2 s.
+    d = admit(Priority.speculative, ahead=25, forecast=READY, service_s=0.5, wait_limit_s=1.0, deadline_s=30.0)
     assert not d.admitted and d.reason == "drain_exceeded"
-    assert d.predicted_wait_s == pytest.approx(2.5) and d.retry_after_s == 2
+    assert d.predicted_wait_s == pytest.approx(3.0) and d.retry_after_s == 2
     # After waiting that long the line has drained 20 requests' worth of 2 s: the same call fits.
-    later = admit(Priority.speculative, ahead=20 - int(2 * READY.rate), forecast=READY, service_s=0.5,
+    later = admit(Priority.speculative, ahead=25 - int(2 * READY.rate), forecast=READY, service_s=0.5,
                   wait_limit_s=1.0, deadline_s=30.0)
     assert later.admitted
 
 
 def test_retry_after_is_at_least_one_second() -> None:
-    d = admit(Priority.background, ahead=6, forecast=READY, service_s=0.5, wait_limit_s=1.0, deadline_s=None)
-    assert not d.admitted and d.predicted_wait_s == pytest.approx(1.1) and d.retry_after_s == 1
+    d = admit(Priority.background, ahead=11, forecast=READY, service_s=0.5, wait_limit_s=1.0, deadline_s=None)
+    assert not d.admitted and d.predicted_wait_s == pytest.approx(1.6) and d.retry_after_s == 1
+
+
+def test_wait_limit_bounds_the_line_not_the_answer() -> None:
+    # A planner answer that takes 3 s is no reason to refuse it from an empty line with a 2 s limit.
+    d = admit(Priority.committed, ahead=0, forecast=READY, service_s=3.0, wait_limit_s=2.0, deadline_s=None)
+    assert d.admitted and d.predicted_wait_s == pytest.approx(3.0)
+    # But a deadline shorter than the answer is unmeetable.
+    d = admit(Priority.committed, ahead=0, forecast=READY, service_s=3.0, wait_limit_s=2.0, deadline_s=2.5)
+    assert d.reason == "deadline_unmeetable"
 
 
 def test_deadline_tighter_than_the_limit_gives_deadline_unmeetable() -> None:

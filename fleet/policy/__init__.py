@@ -5,8 +5,33 @@ in what they observed (and the time) and execute what comes back. One copy of
 the math, so the live fleet and its replay cannot disagree. Import from here:
 
 - `capacity`: the autoscaling exercise's functions and the meters.
+- `admission`: join the line or be refused (drain, deadline, budget), and the
+  service forecast it rests on.
+- `budget`: the budget governor (windows, projected spend, the budget
+  ceiling, exhausted or not, cost per useful token).
+- `scaling`: the tier decision (scale out, in, hold, capped, with its reason)
+  and the pre-warm windows.
 """
 
+from fleet.policy.admission import (
+    Decision,
+    ServiceForecast,
+    admit,
+    expected_startup_s,
+    predicted_wait_s,
+    queue_wait_s,
+    replica_concurrency,
+    service_forecast,
+)
+from fleet.policy.budget import (
+    BudgetObservation,
+    BudgetView,
+    active_windows,
+    budget_ceiling,
+    cost_per_useful_million,
+    judge,
+    projected_spend,
+)
 from fleet.policy.capacity import (
     backlog_during_startup,
     cost_per_million_tokens,
@@ -17,14 +42,49 @@ from fleet.policy.capacity import (
     seconds_to_drain,
     startup_seconds,
 )
+from fleet.policy.scaling import (
+    Prewarm,
+    PrewarmOrder,
+    ScaleDecision,
+    TierState,
+    active_prewarm,
+    ceiling_of,
+    decide_tier,
+    effective_per_replica_rate,
+    start_timeout_s,
+)
 
 __all__ = [
+    "BudgetObservation",
+    "BudgetView",
+    "Decision",
+    "Prewarm",
+    "PrewarmOrder",
+    "ScaleDecision",
+    "ServiceForecast",
+    "TierState",
+    "active_prewarm",
+    "active_windows",
+    "admit",
     "backlog_during_startup",
+    "budget_ceiling",
+    "ceiling_of",
     "cost_per_million_tokens",
+    "cost_per_useful_million",
     "decide",
+    "decide_tier",
+    "effective_per_replica_rate",
+    "expected_startup_s",
+    "judge",
     "littles_law",
+    "predicted_wait_s",
+    "queue_wait_s",
+    "projected_spend",
     "rate",
+    "replica_concurrency",
     "replicas_for",
     "seconds_to_drain",
+    "service_forecast",
+    "start_timeout_s",
     "startup_seconds",
 ]

@@ -4,12 +4,12 @@ The gateway observes a tier (line by class, completions, replicas, budget
 state) and asks `admit`; the simulator asks the same function in simulated
 time. The rule (DESIGN.md, "Policy"):
 
-    predicted wait = start-up still to pay + requests ahead of it of its class or higher / service rate
-                     + its own expected service time
+    wait in line   = start-up still to pay + requests ahead of it of its class or higher / service rate
+    time to finish = wait in line + its own expected service time
 
 - `budget_exhausted` for classes below `committed` while the tier's budget is spent;
-- `deadline_unmeetable` when the predicted wait exceeds the caller's deadline;
-- `drain_exceeded` when it exceeds the class's wait limit for the tier;
+- `deadline_unmeetable` when the time to finish exceeds the caller's deadline;
+- `drain_exceeded` when the wait in line exceeds the class's wait limit for the tier;
 - otherwise admitted.
 
 The service rate is never infinite and never zero: a tier with no replica
@@ -113,9 +113,14 @@ def service_forecast(
     return ServiceForecast(model, max(0.0, startup_s), "cold_start")
 
 
+def queue_wait_s(ahead: int, forecast: ServiceForecast) -> float:
+    """Seconds from now until a worker starts this request, if it joins the line now."""
+    return forecast.delay_s + max(0, ahead) / forecast.rate
+
+
 def predicted_wait_s(ahead: int, forecast: ServiceForecast, service_s: float) -> float:
-    """Seconds from now until this request is served, if it joins the line now."""
-    return forecast.delay_s + max(0, ahead) / forecast.rate + max(0.0, service_s)
+    """Seconds from now until this request is served (its last token), if it joins the line now."""
+    return queue_wait_s(ahead, forecast) + max(0.0, service_s)
 
 
 def _whole_seconds(s: float) -> int:
@@ -141,34 +146,48 @@ def admit(
     caller's X-Deadline-Ms in seconds (None: no deadline). `budget_retry_in_s`:
     seconds until the tier's budget window resets.
 
+    Two different bounds, judged on two different times:
+    - the class's wait limit bounds the time in the line (the drain signal:
+      a planner tier tolerates 2 s of line even if its own answer takes 3 s);
+    - the caller's deadline bounds the time to the last token.
+
     Retry-After: for the line, the time it needs to drain back under the
-    bound, excess wait / 1 (every second of draining takes a second off the
+    bound, excess / 1 (every second of draining takes a second off the
     predicted wait, if nothing of a higher class arrives); for the budget,
     the time until the window resets.
     """
-    wait = predicted_wait_s(ahead, forecast, service_s)
+    in_line = queue_wait_s(ahead, forecast)
+    done_in = in_line + max(0.0, service_s)
     deadline = math.inf if deadline_s is None else deadline_s
-    bound = min(deadline, wait_limit_s)
     if budget_exhausted and priority > Priority.committed:
         retry = budget_retry_in_s if budget_retry_in_s is not None and budget_retry_in_s > 0 else 60.0
-        return Decision(False, "budget_exhausted", wait, bound, _whole_seconds(retry), ahead,
-                        f"the tier's budget is spent; {priority.name} work is refused until the window resets "
-                        f"in {_whole_seconds(retry)} s (committed work is still served)")
-    if wait <= bound:
-        return Decision(True, None, wait, bound, 0, ahead, "admitted")
-    reason: Reason = "deadline_unmeetable" if deadline <= wait_limit_s else "drain_exceeded"
-    floor = forecast.delay_s + max(0.0, service_s)  # what no amount of draining removes
+        return Decision(False, "budget_exhausted", done_in, min(deadline, wait_limit_s), _whole_seconds(retry),
+                        ahead, f"the tier's budget is spent; {priority.name} work is refused until the window "
+                        f"resets in {_whole_seconds(retry)} s (committed work is still served)")
+    over_deadline = done_in - deadline
+    over_limit = in_line - wait_limit_s
+    if over_deadline <= 0 and over_limit <= 0:
+        return Decision(True, None, done_in, min(deadline, wait_limit_s), 0, ahead, "admitted")
+    # Report the bound that is broken by more: that is what the caller must change.
+    if over_deadline >= over_limit:
+        reason: Reason = "deadline_unmeetable"
+        bound, excess = deadline, over_deadline
+        floor = forecast.delay_s + max(0.0, service_s)  # what no amount of draining removes
+        what = f"its deadline of {bound:.2f} s"
+    else:
+        reason, bound, excess = "drain_exceeded", wait_limit_s, over_limit
+        floor = forecast.delay_s
+        what = f"the {priority.name} wait limit of {bound:.2f} s"
     if floor > bound:
         # Even an empty line cannot meet it: come back when the line has drained
         # (and any start-up is paid); the message says the bound itself is too tight.
-        retry = _whole_seconds(wait)
-        why = (f"this request's expected service time ({service_s:.2f} s"
-               + (f" after {forecast.delay_s:.1f} s of start-up" if forecast.delay_s > 0 else "")
-               + f") alone exceeds its {'deadline' if reason == 'deadline_unmeetable' else 'wait limit'} "
-               f"of {bound:.2f} s")
+        retry = _whole_seconds(in_line)
+        why = (f"this request's expected {'service time' if reason == 'deadline_unmeetable' else 'start-up wait'} "
+               f"({floor:.2f} s" + (f", {forecast.delay_s:.1f} s of it start-up" if forecast.delay_s > 0 else "")
+               + f") alone exceeds {what}")
     else:
-        retry = _whole_seconds(wait - bound)
-        why = (f"predicted wait {wait:.2f} s ({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds "
-               + (f"its deadline of {bound:.2f} s" if reason == "deadline_unmeetable"
-                  else f"the {priority.name} wait limit of {bound:.2f} s"))
-    return Decision(False, reason, wait, bound, retry, ahead, f"{why}; retry after {retry} s")
+        retry = _whole_seconds(excess)
+        shown = done_in if reason == "deadline_unmeetable" else in_line
+        why = (f"predicted {'time to finish' if reason == 'deadline_unmeetable' else 'wait in line'} {shown:.2f} s "
+               f"({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds {what}")
+    return Decision(False, reason, done_in, bound, retry, ahead, f"{why}; retry after {retry} s")
