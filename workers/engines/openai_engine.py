@@ -1,0 +1,331 @@
+"""The `openai` engine: forward to an existing OpenAI-compatible server.
+
+Streams `/chat/completions` or `/completions` over SSE with
+`stream_options.include_usage`, so token counts are the upstream's own; when
+the upstream sends no usage, completion tokens are the number of content
+chunks and prompt tokens an estimate (characters / 4).
+
+Every upstream failure becomes an `EngineError`, never a hang:
+    upstream_timeout  connect timeout (code connect_timeout), no byte for
+                      `silence_timeout_s` (code silence_timeout), start-up
+                      deadline (code start_deadline)
+    upstream_error    connection refused or reset (connect_failed,
+                      connection_lost), HTTP 401/403/404/408/429/5xx
+                      (http_<status>), an error event in the stream
+                      (stream_error), a malformed or truncated stream
+                      (bad_response, incomplete)
+    invalid_request_error  HTTP 400/413/422: the request itself was refused
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from fleet.config import OpenAIUpstream
+from workers.engines.base import Delta, EngineError, EngineRequest
+
+log = logging.getLogger(__name__)
+
+_CLIENT_FAULT = {400, 413, 422}
+_DONE = object()
+_ABORTED = object()
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:500]
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:500]
+        if isinstance(err, str):
+            return err[:500]
+    return text[:500]
+
+
+def _estimate_tokens(req: EngineRequest) -> int:
+    if req.kind == "chat":
+        chars = sum(len(str(m.get("content") or "")) for m in req.messages or [])
+    else:
+        chars = len(req.prompt or "")
+    return max(1, math.ceil(chars / 4))
+
+
+class OpenAIEngine:
+    """Engine contract over an OpenAI-compatible HTTP server.
+
+    Attributes:
+        cold_start_s: seconds until the upstream answered GET {base_url}/models.
+        model: the model name sent upstream (settings.model, else the first
+            model the upstream lists).
+
+    After `abort(request_id)` (or when the consumer closes the iterator) the
+    HTTP stream is closed and `generate` ends without a final delta.
+    """
+
+    def __init__(
+        self,
+        settings: OpenAIUpstream,
+        *,
+        start_timeout_s: float = 120.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.start_timeout_s = start_timeout_s
+        self.cold_start_s: float = 0.0
+        self.model: str = settings.model
+        self._base = settings.base_url.rstrip("/")
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._readers: dict[str, asyncio.Task[None]] = {}
+
+    # -- lifecycle --------------------------------------------------------
+
+    def _make_client(self) -> httpx.AsyncClient:
+        s = self.settings
+        headers = {"Accept": "application/json"}
+        if s.api_key:
+            headers["Authorization"] = f"Bearer {s.api_key}"
+        return httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(
+                connect=s.connect_timeout_s,
+                read=s.silence_timeout_s,
+                write=s.silence_timeout_s,
+                pool=s.connect_timeout_s,
+            ),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # A proxy from the environment must not capture a loopback upstream.
+            trust_env=not _is_loopback(self._base),
+            transport=self._transport,
+        )
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = self._make_client()
+        t0 = time.monotonic()
+        try:
+            await self._wait_ready(t0 + self.start_timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+        self.cold_start_s = time.monotonic() - t0
+        log.info("openai upstream %s ready: model=%s cold_start=%.1fs", self._base, self.model, self.cold_start_s)
+
+    async def _wait_ready(self, deadline: float) -> None:
+        assert self._client is not None
+        last = "no attempt"
+        while True:
+            try:
+                # Each attempt is bounded too, so the deadline holds.
+                budget = max(0.1, min(10.0, deadline - time.monotonic()))
+                r = await self._client.get(f"{self._base}/models", timeout=budget)
+                if r.status_code == 200:
+                    if not self.model:
+                        self.model = _first_model(r)
+                    return
+                last = f"HTTP {r.status_code}: {_error_message(r.content)}"
+                if r.status_code in (401, 403, 404):
+                    raise EngineError(
+                        f"upstream {self._base} refused GET /models: {last}", "upstream_error", f"http_{r.status_code}"
+                    )
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"upstream {self._base} did not answer GET /models within {self.start_timeout_s:g}s ({last})",
+                    "upstream_timeout",
+                    "start_deadline",
+                )
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    async def stop(self) -> None:
+        for task in list(self._readers.values()):
+            task.cancel()
+        if self._readers:
+            await asyncio.gather(*self._readers.values(), return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # -- requests ---------------------------------------------------------
+
+    async def abort(self, request_id: str) -> None:
+        task = self._readers.get(request_id)
+        if task is not None and not task.done():
+            task.cancel()
+
+    def _body(self, req: EngineRequest) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": req.max_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if req.stop:
+            body["stop"] = list(req.stop)
+        if req.seed is not None:
+            body["seed"] = req.seed
+        if req.ignore_eos:
+            body["ignore_eos"] = True  # a vLLM extension; only sent when asked for
+        if req.kind == "chat":
+            body["messages"] = req.messages or []
+            return "/chat/completions", body
+        body["prompt"] = req.prompt or ""
+        return "/completions", body
+
+    async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+        if self._client is None:
+            raise EngineError("engine is not started", "engine_error", "not_started")
+        if req.request_id in self._readers:
+            raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
+        path, body = self._body(req)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        reader = asyncio.create_task(self._read(self._client, path, body, queue), name=f"openai-{req.request_id}")
+        self._readers[req.request_id] = reader
+        chat = req.kind == "chat"
+        chunks = 0
+        usage: dict[str, Any] | None = None
+        finish: str | None = None
+        held = ""  # text that arrived with (or after) finish_reason, sent in the final delta
+        try:
+            while True:
+                # The reader always ends with exactly one of _DONE, _ABORTED or
+                # an EngineError, so this never waits on a dead reader.
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                if item is _ABORTED:
+                    return
+                if isinstance(item, EngineError):
+                    raise item
+                if item.get("usage"):
+                    usage = item["usage"]
+                for choice in item.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    if text:
+                        chunks += 1
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                    if finish is not None:
+                        held += text or ""
+                    elif text:
+                        prompt_tokens, completion_tokens = self._counts(req, usage, chunks)
+                        yield Delta(text, prompt_tokens, completion_tokens)
+            if finish is None:
+                raise EngineError("upstream ended the stream without a finish_reason", "upstream_error", "incomplete")
+            prompt_tokens, completion_tokens = self._counts(req, usage, chunks)
+            yield Delta(held, prompt_tokens, completion_tokens, "length" if finish == "length" else "stop")
+        finally:
+            if not reader.done():
+                reader.cancel()
+            try:
+                # The reader reports through the queue and never raises but
+                # CancelledError; asyncio.wait doesn't re-raise that one.
+                await asyncio.wait({reader})
+            finally:
+                self._readers.pop(req.request_id, None)
+
+    @staticmethod
+    def _counts(req: EngineRequest, usage: dict[str, Any] | None, chunks: int) -> tuple[int, int]:
+        if usage:
+            return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or chunks)
+        return _estimate_tokens(req), chunks
+
+    async def _read(
+        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], queue: asyncio.Queue[Any]
+    ) -> None:
+        """Stream one request's SSE events into `queue`; errors become EngineErrors."""
+        url = f"{self._base}{path}"
+        try:
+            async with client.stream("POST", url, json=body) as r:
+                if r.status_code >= 400:
+                    msg = _error_message(await r.aread())
+                    type_ = "invalid_request_error" if r.status_code in _CLIENT_FAULT else "upstream_error"
+                    raise EngineError(f"upstream returned HTTP {r.status_code}: {msg}", type_, f"http_{r.status_code}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments, event: lines
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        queue.put_nowait(_DONE)
+                        return
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        raise EngineError(
+                            f"upstream sent malformed data: {data[:200]}", "upstream_error", "bad_response"
+                        ) from None
+                    if not isinstance(event, dict):
+                        raise EngineError(
+                            f"upstream sent malformed data: {data[:200]}", "upstream_error", "bad_response"
+                        )
+                    if "error" in event:
+                        raise EngineError(
+                            f"upstream error: {_error_message(data.encode())}", "upstream_error", "stream_error"
+                        )
+                    queue.put_nowait(event)
+            # Stream ended without [DONE]: what arrived still counts if it finished.
+            queue.put_nowait(_DONE)
+        except EngineError as e:
+            queue.put_nowait(e)
+        except httpx.ConnectTimeout as e:
+            queue.put_nowait(EngineError(f"connecting to {url} timed out: {e}", "upstream_timeout", "connect_timeout"))
+        except httpx.ConnectError as e:
+            queue.put_nowait(EngineError(f"cannot connect to {url}: {e}", "upstream_error", "connect_failed"))
+        except httpx.PoolTimeout as e:
+            queue.put_nowait(
+                EngineError(f"no connection to {url} available: {e}", "upstream_timeout", "connect_timeout")
+            )
+        except httpx.ReadTimeout:
+            queue.put_nowait(
+                EngineError(
+                    f"upstream {url} was silent for {self.settings.silence_timeout_s:g}s",
+                    "upstream_timeout",
+                    "silence_timeout",
+                )
+            )
+        except httpx.TimeoutException as e:
+            queue.put_nowait(EngineError(f"upstream {url} timed out: {e!r}", "upstream_timeout", "timeout"))
+        except httpx.HTTPError as e:
+            queue.put_nowait(EngineError(f"upstream {url} failed: {e!r}", "upstream_error", "connection_lost"))
+        except asyncio.CancelledError:
+            queue.put_nowait(_ABORTED)
+            raise
+        except Exception as e:  # never leave the consumer waiting
+            queue.put_nowait(EngineError(f"forwarding to {url} failed: {e!r}", "upstream_error"))
+
+
+def _first_model(r: httpx.Response) -> str:
+    try:
+        data = r.json()["data"]
+        return str(data[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise EngineError(
+            "openai.model is not set and the upstream lists no models", "engine_config_error", "missing_model"
+        ) from e
