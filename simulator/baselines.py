@@ -1,0 +1,348 @@
+"""Baselines: how other autoscalers would have met the same trace, and a clairvoyant lower bound.
+
+Each baseline scales by its own rule (the peers' published defaults, see
+`../shared/notes/peers.md`), starts from the same fleet (every tier at its warm
+floor, ready), keeps the same floor and ceiling (warm_floor, max_replicas),
+has no pre-warm, no admission rule and no budget: its calls wait in the line
+until a replica takes them or their deadline passes. Scale-in drains as ours
+does (no call in flight is lost), so the comparison is about *when* and *how
+many*, not about killing work.
+
+- `static`: provisioning for the peak: replicas_for(peak arrival rate) from the start, never changed.
+- `hpa`: utilisation target (busy slots / slots) of 70 %, 15 s sync, 10 % tolerance, scale-up at most
+  double or +4 per sync, 300 s scale-down stabilisation (the Kubernetes HPA defaults).
+- `keda`: ceil(line length / 5), polled every 30 s, HPA's 300 s scale-down stabilisation.
+- `ray`: target 2 ongoing requests per replica averaged over 30 s, upscale delay 30 s,
+  downscale delay 600 s (Ray Serve's defaults).
+
+`clairvoyant_bound` is no policy: it reads the whole trace and computes replica-seconds
+that no schedule meeting every committed deadline can go below (see its doc).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleet.latency import cold_start_s, service_s
+from fleet.policy import replicas_for
+from simulator.arrivals import Trace
+from simulator.policies import Action, SimPolicy
+from simulator.scenario import rate_at
+
+if TYPE_CHECKING:
+    from simulator.engine import Observation, Simulator, TierSim
+    from simulator.scenario import Scenario
+
+
+def _clamp(tier: TierSim, n: int) -> int:
+    return max(tier.tc.warm_floor, min(tier.tc.max_replicas, n))
+
+
+def peak_arrival_rate(sc: Scenario, tier: str) -> float:
+    """The highest arrival rate the scenario's curves give a tier, chains' fan-out included."""
+    curves: list[tuple[list[tuple[float, float]], float]] = []
+    for a in sc.spec.arrivals:
+        if (sc.cfg.resolve_model(a.tier) or a.tier) == tier:
+            curves.append((sc.rate_points(a), 1.0))
+    for c in sc.spec.chains:
+        mult = 1
+        for st in c.stages:
+            mult *= st.fanout
+            if (sc.cfg.resolve_model(st.tier) or st.tier) == tier:
+                curves.append((sc.rate_points(c), float(mult)))
+    knots = sorted({t for pts, _ in curves for t, _ in pts if 0 <= t <= sc.duration_s} | {0.0})
+    return max((sum(rate_at(pts, t) * m for pts, m in curves) for t in knots), default=0.0)
+
+
+class Static(SimPolicy):
+    name = "static"
+
+    def __init__(self) -> None:
+        self.size: dict[str, int] = {}
+
+    def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
+        if tier.name not in self.size:
+            peak = peak_arrival_rate(sim.sc, tier.name)
+            self.size[tier.name] = _clamp(tier, replicas_for(peak, tier.per_replica_rate))
+        n = self.size[tier.name]
+        have = obs.ready + obs.starting
+        if n > have:
+            return Action("scale_out", n - have, f"static: provision for the peak, {n} replicas", "static", n, n)
+        return Action("hold", 0, f"static: {n} replicas", "static", n, n)
+
+
+class _Stabilised(SimPolicy):
+    """Scale up at once, scale down to the highest recommendation of the last `down_window_s`."""
+
+    period_s = 15.0
+    down_window_s = 300.0
+
+    def __init__(self) -> None:
+        self.recs: dict[str, deque[tuple[float, int]]] = {}
+        self.last: dict[str, float] = {}
+
+    def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
+        have = obs.ready + obs.starting
+        last = self.last.get(tier.name)
+        if last is not None and obs.t - last < self.period_s:
+            return Action("hold", 0, f"{self.name}: between syncs", "sync")
+        self.last[tier.name] = obs.t
+        want, why = self.recommend(tier, obs, have)
+        want = _clamp(tier, want)
+        recs = self.recs.setdefault(tier.name, deque())
+        recs.append((obs.t, want))
+        while recs and recs[0][0] < obs.t - self.down_window_s:
+            recs.popleft()
+        if want > have:
+            return Action("scale_out", want - have, f"{self.name}: {why} -> {want}", "up")
+        stable = max(n for _, n in recs)
+        if stable < obs.ready and not obs.starting:
+            return Action("scale_in", stable - obs.ready, f"{self.name}: {why}, stable {stable} for "
+                          f"{self.down_window_s:g} s", "down")
+        return Action("hold", 0, f"{self.name}: {why}, hold {have}", "hold")
+
+
+class Hpa(_Stabilised):
+    name = "hpa"
+    target = 0.7
+    tolerance = 0.1
+
+    def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
+        if not obs.ready:
+            return have, "no ready replica to measure"
+        util = obs.slots_in_use / (obs.ready * tier.tc.slots)
+        if abs(util / self.target - 1) <= self.tolerance:
+            return have, f"utilisation {util:.0%} within tolerance"
+        want = math.ceil(obs.ready * util / self.target)
+        want = min(want, max(2 * have, have + 4))  # the default scale-up policy
+        return want, f"utilisation {util:.0%} vs {self.target:.0%}"
+
+
+class Keda(_Stabilised):
+    name = "keda"
+    period_s = 30.0
+
+    def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
+        return math.ceil(obs.waiting / 5), f"ceil(line {obs.waiting} / 5)"
+
+
+class Ray(SimPolicy):
+    name = "ray"
+    target = 2.0
+    look_back_s = 30.0
+    upscale_delay_s = 30.0
+    downscale_delay_s = 600.0
+
+    def __init__(self) -> None:
+        self.hist: dict[str, deque[tuple[float, int]]] = {}
+        self.up_since: dict[str, float | None] = {}
+        self.down_since: dict[str, float | None] = {}
+
+    def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
+        h = self.hist.setdefault(tier.name, deque())
+        h.append((obs.t, obs.in_flight + obs.waiting))
+        while h[0][0] < obs.t - self.look_back_s:
+            h.popleft()
+        ongoing = sum(n for _, n in h) / len(h)
+        have = obs.ready + obs.starting
+        want = _clamp(tier, math.ceil(ongoing / self.target))
+        why = f"ongoing {ongoing:.1f} / {self.target:g} -> {want}"
+        if want > have:
+            self.down_since[tier.name] = None
+            since = self.up_since.get(tier.name) or obs.t
+            self.up_since[tier.name] = since
+            if obs.t - since >= self.upscale_delay_s:
+                self.up_since[tier.name] = None
+                return Action("scale_out", want - have, f"ray: {why}", "up")
+            return Action("hold", 0, f"ray: {why}, upscale delay", "wait_up")
+        self.up_since[tier.name] = None
+        if want < have:
+            since = self.down_since.get(tier.name) or obs.t
+            self.down_since[tier.name] = since
+            if obs.t - since >= self.downscale_delay_s and not obs.starting and obs.ready > want:
+                self.down_since[tier.name] = None
+                return Action("scale_in", want - obs.ready, f"ray: {why}", "down")
+            return Action("hold", 0, f"ray: {why}, downscale delay", "wait_down")
+        self.down_since[tier.name] = None
+        return Action("hold", 0, f"ray: {why}", "hold")
+
+
+BASELINES: dict[str, type[SimPolicy]] = {"static": Static, "hpa": Hpa, "keda": Keda, "ray": Ray}
+
+
+# --- The clairvoyant lower bound ---------------------------------------------------
+
+
+@dataclass
+class TierBound:
+    tier: str
+    ready_s: float  # ready replica-seconds no schedule can go below
+    starting_s: float  # cold-start replica-seconds no schedule can go below
+    committed_calls: int
+    infeasible_calls: int  # calls no schedule could serve on time even alone
+    peak_replicas: int
+    hourly_usd: float
+    token_usd: float  # the committed calls' tokens at the tier's per-token price
+
+    @property
+    def replica_seconds(self) -> float:
+        return self.ready_s + self.starting_s
+
+    @property
+    def spend_usd(self) -> float:
+        return self.replica_seconds * self.hourly_usd / 3600 + self.token_usd
+
+
+def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0) -> dict[str, list[tuple[float, float, float]]]:
+    """Per tier, every committed call (with `max_class`, every call of that class or higher)
+    as (earliest start, latest end, shortest service).
+
+    A call alone on a replica is served fastest (decode step at batch 1), so
+    `shortest service` is a floor on the slot time it occupies. Chain calls get
+    relaxed windows that hold for any schedule: a call cannot start before its
+    ancestors could have finished back to back, and must end early enough for
+    its slowest line of descendants to finish by the chain's deadline.
+    """
+    out: dict[str, list[tuple[float, float, float]]] = {t: [] for t in sc.cfg.tiers}
+    tcs = sc.cfg.tiers
+
+    def shortest(tier: str, prompt: int, output: int) -> float:
+        return service_s(tcs[tier].sim, prompt, output, 1)
+
+    for a in trace.arrivals:
+        if a.call.cls <= max_class:
+            out[a.call.tier].append((a.t, a.t + a.deadline_s, shortest(a.call.tier, a.call.prompt, a.call.output)))
+    for ch in trace.chains:
+        if ch.cls > max_class:
+            continue
+        lens = [[shortest(c.tier, c.prompt, c.output) for c in stage] for stage in ch.stages]
+        # tail[k][i]: the longest chain of shortest services below call i of stage k.
+        tail: list[list[float]] = [[0.0] * len(s) for s in ch.stages]
+        for k in range(len(ch.stages) - 2, -1, -1):
+            f = ch.fanouts[k + 1]
+            for i in range(len(ch.stages[k])):
+                tail[k][i] = max(lens[k + 1][j] + tail[k + 1][j] for j in range(i * f, (i + 1) * f))
+        head: list[list[float]] = [[ch.t] * len(s) for s in ch.stages]
+        for k in range(1, len(ch.stages)):
+            f = ch.fanouts[k]
+            for j in range(len(ch.stages[k])):
+                parent = j // f
+                head[k][j] = head[k - 1][parent] + lens[k - 1][parent]
+        deadline = ch.t + ch.deadline_s
+        for k, stage in enumerate(ch.stages):
+            for i, c in enumerate(stage):
+                out[c.tier].append((head[k][i], deadline - tail[k][i], lens[k][i]))
+    return out
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tier_bound(sc: Scenario, tier: str, windows: list[tuple[float, float, float]],
+               bucket_widths: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0, 900.0, 3600.0),
+               keep_floor: bool = False) -> TierBound:
+    """Replica-seconds no schedule meeting every committed deadline of `tier` can go below.
+
+    Two facts hold for any schedule: a ready replica runs at most `slots` calls
+    at once, and a call occupies its slot at least its shortest service time,
+    inside its window. So over any stretch of time B the ready replica-seconds
+    are at least
+
+    - (the shortest service of the calls whose whole window lies in B) / slots, and
+    - the integral over B of ceil(calls that must be running at t / slots):
+      a call with window [a, d] and service L is surely running in [d - L, a + L];
+
+    the larger of the two holds for B, and the sums over the buckets of a
+    partition hold for the whole replay (the best of a few partitions is
+    kept). On top, a replica beyond those ready at the start must be started,
+    and pays its cold start before it serves: at least (peak need - initial
+    replicas) cold starts.
+
+    With `keep_floor`, the schedule must also keep the tier's warm floor at all
+    times (as every policy here does): each bucket costs at least floor x its length.
+    """
+    tc = sc.cfg.tiers[tier]
+    slots = tc.slots
+    end = sc.duration_s
+    feasible = [(a, d, ln) for a, d, ln in windows if d - a >= ln - 1e-9]
+    infeasible = len(windows) - len(feasible)
+    # Mandatory running intervals, clipped to the replay.
+    edges: list[tuple[float, int]] = []
+    for a, d, ln in feasible:
+        lo, hi = max(d - ln, 0.0), min(a + ln, end)
+        if hi > lo:
+            edges.append((lo, 1))
+            edges.append((hi, -1))
+    edges.sort()
+    # The step function need(t) = ceil(running(t) / slots), as (t, need) breakpoints.
+    steps: list[tuple[float, int]] = [(0.0, 0)]
+    running = 0
+    for t, d in edges:
+        running += d
+        n = _ceil_div(running, slots)
+        if steps[-1][0] == t:
+            steps[-1] = (t, n)
+        else:
+            steps.append((t, n))
+    step_t = [t for t, _ in steps]
+    cum = [0.0]  # integral of need from 0 to step_t[i]
+    for i in range(1, len(steps)):
+        cum.append(cum[-1] + steps[i - 1][1] * (steps[i][0] - steps[i - 1][0]))
+
+    def need_integral(t: float) -> float:
+        t = min(max(t, 0.0), end)
+        i = bisect.bisect_right(step_t, t) - 1
+        return cum[i] + steps[i][1] * (t - step_t[i])
+
+    floor = tc.warm_floor if keep_floor else 0
+    best = 0.0
+    for w in (*bucket_widths, end):
+        n_b = max(1, math.ceil(end / w))
+        fluid = [0.0] * n_b
+        for a, d, ln in feasible:
+            if d > end or a < 0:
+                continue
+            b = int(a // w)
+            if b == int(min(d, end - 1e-9) // w) and b < n_b:
+                fluid[b] += ln / slots
+        total = 0.0
+        for b in range(n_b):
+            lo, hi = b * w, min((b + 1) * w, end)
+            total += max(fluid[b], need_integral(hi) - need_integral(lo), floor * (hi - lo))
+        best = max(best, total)
+    peak = max((n for _, n in steps), default=0)
+    initial = tc.warm_floor
+    starting = max(0, peak - initial) * cold_start_s(tc.sim)
+    return TierBound(tier, best, starting, len(windows), infeasible, peak, tc.hourly_usd, 0.0)
+
+
+def clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int = 0, keep_floor: bool = False
+                      ) -> dict[str, TierBound]:
+    """Per tier, the replica-seconds (and spend) below which no schedule serves every committed
+    call on time. With `max_class` 3, every call of every class: the cost of serving it all;
+    with `keep_floor`, while also keeping the warm floors."""
+    wins = committed_windows(sc, trace, max_class)
+    out = {t: tier_bound(sc, t, w, keep_floor=keep_floor) for t, w in wins.items()}
+    # The committed calls' tokens are paid by any schedule that serves them.
+    price = {t: (tc.usd_per_million_tokens or 0.0) / 1e6 for t, tc in sc.cfg.tiers.items()}
+    tokens: dict[str, int] = dict.fromkeys(sc.cfg.tiers, 0)
+    for a in trace.arrivals:
+        if a.call.cls <= max_class:
+            tokens[a.call.tier] += a.call.prompt + a.call.output
+    for ch in trace.chains:
+        if ch.cls <= max_class:
+            for stage in ch.stages:
+                for c in stage:
+                    tokens[c.tier] += c.prompt + c.output
+    for t, b in out.items():
+        b.token_usd = tokens[t] * price[t]
+    return out
+

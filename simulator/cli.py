@@ -1,0 +1,81 @@
+"""`fleet simulate`: the command's body (fleet/cli.py only registers it)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from simulator.arrivals import build_trace
+from simulator.baselines import clairvoyant_bound
+from simulator.report import checks, compare_rows, render_checks, render_compare, render_summary, summarize
+from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
+from simulator.scenario import ScenarioError, load_scenario
+
+
+def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
+                 plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200) -> int:
+    """Replay a scenario; print the outcome (or JSON); return the exit status.
+
+    Exit 1 when the scenario's `expect:` checks fail, so a scenario can gate a
+    config change in CI; 2 for a bad scenario or policy name.
+    """
+    try:
+        sc = load_scenario(path)
+        make_policy(policy)
+    except (ScenarioError, UnknownPolicy) as e:
+        click.echo(f"fleet: {e}", err=True)
+        return 2
+    seed = sc.spec.seed if seed is None else seed
+    trace = build_trace(sc, seed)
+    main = simulate(sc, policy, seed, trace)
+    others = [simulate(sc, name, seed, trace) for name in POLICIES if name != policy] if compare else []
+    bound = clairvoyant_bound(sc, trace) if compare or policy == "fleet" else None
+    bound_all = clairvoyant_bound(sc, trace, max_class=3) if compare else None
+    bound_floors = clairvoyant_bound(sc, trace, max_class=3, keep_floor=True) if compare else None
+    summary = summarize(main)
+    judged = checks(main)
+    doc: dict[str, Any] = {**summary, "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
+    if bound is not None:
+        doc["clairvoyant_bound"] = {
+            "replica_hours": round(sum(b.replica_seconds for b in bound.values()) / 3600, 3),
+            "spend_usd": round(sum(b.spend_usd for b in bound.values()), 4),
+            "tiers": {t: {"replica_hours": round(b.replica_seconds / 3600, 3),
+                          "ready_hours": round(b.ready_s / 3600, 3),
+                          "cold_start_hours": round(b.starting_s / 3600, 3), "peak_replicas": b.peak_replicas,
+                          "committed_calls": b.committed_calls, "infeasible_calls": b.infeasible_calls,
+                          "spend_usd": round(b.spend_usd, 4)} for t, b in bound.items()},
+        }
+    if compare:
+        doc["compare"] = compare_rows([summary, *(summarize(o, timeline=False) for o in others)], bound, bound_all,
+                                      bound_floors)
+    if plot_path:
+        from simulator.plot import plot
+
+        plot(main, plot_path, others or None)
+    if as_json:
+        import orjson
+
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(render_summary(summary, timeline_limit=timeline))
+        if bound is not None and not compare:
+            cb = doc["clairvoyant_bound"]
+            click.echo(f"clairvoyant lower bound: {cb['replica_hours']:.2f} replica-hours, ${cb['spend_usd']:.2f} "
+                       "(fewest that serve every committed call on time, knowing the trace and the cold start)")
+        if compare:
+            click.echo("")
+            click.echo("compare (same trace, same seed; ranked by goodput, then replica-hours and spend)")
+            click.echo(render_compare(doc["compare"]))
+            click.echo("clairvoyant rows: replica-hours below which no schedule serves those calls on time, "
+                       "knowing the trace and the cold start (the first row is the lower bound of the issue: "
+                       "committed calls, no floor)")
+        if judged:
+            click.echo("")
+            click.echo("checks (the scenario's expect:)")
+            click.echo(render_checks(judged))
+        if plot_path:
+            click.echo(f"\nplot written to {plot_path}")
+    sys.stdout.flush()
+    return 0 if all(ok for _, ok, _ in judged) else 1

@@ -1,0 +1,251 @@
+"""What a replay shows: outcome tables, the decision timeline, JSON, the compare table, checks.
+
+`summarize` turns a `SimResult` into one plain dict (what `--json` prints);
+the `render_*` functions print it for a terminal. Goodput is the vLLM bench
+definition: requests that met their deadline, per second of the replay
+(a completed call always met it: one past its deadline is aborted or expires).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fleet.config import CLASSES
+from fleet.policy.budget import cost_per_useful_million
+from simulator.baselines import TierBound
+from simulator.engine import SimResult
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _num(x: float | None, nd: int = 3) -> float | None:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return round(x, nd)
+
+
+def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
+    sc = r.scenario
+    dur = sc.duration_s
+    tiers: dict[str, Any] = {}
+    total_completed = 0
+    committed_completed = 0
+    committed_accepted_or_shed = 0
+    for name, t in r.tiers.items():
+        classes: dict[str, Any] = {}
+        useful = 0
+        for cls, o in zip(CLASSES, t.outcomes, strict=True):
+            if not o.arrived:
+                continue
+            unfinished = o.accepted - o.completed - o.expired_waiting - o.expired_running
+            classes[cls] = {
+                "arrived": o.arrived, "accepted": o.accepted, "completed": o.completed,
+                "shed": dict(sorted(o.shed.items())), "expired": o.expired_waiting + o.expired_running,
+                "expired_waiting": o.expired_waiting, "expired_running": o.expired_running,
+                "unfinished_at_end": unfinished,
+                "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
+                "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
+                "tpot_s": {"p50": _num(pct(o.tpots, 0.5), 4), "p99": _num(pct(o.tpots, 0.99), 4)},
+            }
+            useful += o.useful_tokens
+            total_completed += o.completed
+            if cls == "committed":
+                committed_completed += o.completed
+                committed_accepted_or_shed += o.arrived
+        rh = {k: round(v / 3600, 3) for k, v in t.replica_s.items()}
+        spend = t.spend_usd
+        tiers[name] = {
+            "classes": classes,
+            "replica_hours": round(t.replica_seconds / 3600, 3),
+            "replica_hours_by_state": rh,
+            "peak_replicas": t.peak_replicas,
+            "replicas_at_end": t.alive(),
+            "spend_usd": round(spend, 4),
+            "token_spend_usd": round(t.token_usd, 4),
+            "useful_tokens": useful,
+            "cost_per_million_useful_tokens_usd": _num(cost_per_useful_million(spend, useful, dur), 4),
+            "budget": {w: {**v, "spent_usd": round(v["spent_usd"], 4)} for w, v in r.budget.get(name, {}).items()},
+        }
+    spend = sum(t.spend_usd for t in r.tiers.values())
+    useful_all = sum(v["useful_tokens"] for v in tiers.values())
+    out: dict[str, Any] = {
+        "scenario": sc.name, "policy": r.policy, "seed": r.seed, "start": sc.start.isoformat(),
+        "duration_s": dur,
+        "goodput_rps": round(total_completed / dur, 4),
+        "committed_goodput_rps": round(committed_completed / dur, 4),
+        "committed_on_time": committed_completed, "committed_arrived": committed_accepted_or_shed,
+        "replica_hours": round(sum(t.replica_seconds for t in r.tiers.values()) / 3600, 3),
+        "spend_usd": round(spend, 4),
+        "cost_per_million_useful_tokens_usd": _num(cost_per_useful_million(spend, useful_all, dur), 4),
+        "within_budget": all(w["within"] for b in r.budget.values() for w in b.values()),
+        "tiers": tiers,
+        "chains": r.chains,
+        "chains_by_class": r.chains_by_class,
+        "wall_s": round(r.wall_s, 3),
+        "events": r.events,
+    }
+    if timeline:
+        out["timeline"] = [{"at": sc.clock(d.t), "t": round(d.t, 3), "tier": d.tier, "action": d.action,
+                            "delta": d.delta, "reason": d.reason, "floor": d.floor, "ceiling": d.ceiling}
+                           for d in r.decisions]
+    return out
+
+
+def replicas_at(r: SimResult, tier: str, t: float) -> int | None:
+    """Replicas alive (starting + ready + draining) at the last tick at or before `t`."""
+    best = None
+    for s in r.samples[tier]:
+        if s.t > t + 1e-9:
+            break
+        best = s.starting + s.ready + s.draining
+    return best
+
+
+# --- Checks --------------------------------------------------------------------------
+
+
+def checks(r: SimResult) -> list[tuple[str, bool, str]]:
+    """The scenario's `expect:` block, judged: (name, passed, what was seen)."""
+    exp = r.scenario.spec.expect
+    out: list[tuple[str, bool, str]] = []
+    if "committed_chains_failed" in exp:
+        c = r.chains_by_class.get("committed", {})
+        bad = c.get("timed_out", 0) + c.get("shed", 0)
+        out.append(("committed chains timed out or shed", bad <= exp["committed_chains_failed"],
+                    f"{c.get('timed_out', 0)} timed out, {c.get('shed', 0)} shed of {c.get('started', 0)}"))
+    for tier, cls in (exp.get("shed_by_budget") or {}).items():
+        o = r.tiers[tier].outcomes[CLASSES.index(cls)]
+        n = o.shed.get("budget_exhausted", 0)
+        committed = r.tiers[tier].outcomes[0].shed.get("budget_exhausted", 0)
+        out.append((f"{tier} {cls} shed with budget_exhausted, committed not", n > 0 and committed == 0,
+                    f"{n} {cls} shed by budget, {committed} committed"))
+    if exp.get("within_budget"):
+        over = [f"{t}/{w}: ${v['spent_usd']:.2f} > ${v['budget_usd']:.2f}" for t, b in r.budget.items()
+                for w, v in b.items() if not v["within"]]
+        out.append(("spend within every budget window", not over, "; ".join(over) or "all within"))
+    for clock, floors in (exp.get("replicas_at") or {}).items():
+        t = r.scenario.at(clock)
+        seen = {tier: replicas_at(r, tier, t) for tier in floors}
+        out.append((f"replicas at {clock}", all(seen[k] == v for k, v in floors.items()),
+                    ", ".join(f"{k} {seen[k]} (want {v})" for k, v in floors.items())))
+    return out
+
+
+# --- Rendering -----------------------------------------------------------------------
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths,
+                                                                                          strict=True)))
+    body = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            for r in rows]
+    return "\n".join([line, "-" * len(line), *body])
+
+
+def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> str:
+    out = [f"scenario {s['scenario']} under policy {s['policy']} (seed {s['seed']}, "
+           f"{s['duration_s'] / 3600:.2f} h simulated in {s['wall_s']:.1f} s, {s['events']} events)", ""]
+    if "timeline" in s and timeline_limit != 0:
+        tl = [d for d in s["timeline"] if d["action"] != "hold" or d["delta"]]
+        holds = [d for d in s["timeline"] if d["action"] == "hold" and not d["delta"]]
+        shown = tl if timeline_limit is None else tl[:timeline_limit]
+        out.append(f"timeline of decisions ({len(tl)} actions; {len(holds)} changes of hold reason not shown)")
+        out += [f"  {d['at']}  {d['tier']:<10} {d['reason']}" for d in shown]
+        if len(shown) < len(tl):
+            out.append(f"  ... {len(tl) - len(shown)} more (--json has them all)")
+        out.append("")
+    rows = []
+    for tier, t in s["tiers"].items():
+        for cls, c in t["classes"].items():
+            shed = ", ".join(f"{k} {v}" for k, v in c["shed"].items()) or "-"
+            rows.append([f"{tier}/{cls}", str(c["arrived"]), str(c["completed"]), shed, str(c["expired"]),
+                         _f(c["wait_s"]["p50"]), _f(c["wait_s"]["p99"]), _f(c["ttft_s"]["p50"]),
+                         _f(c["ttft_s"]["p99"]), _f(c["tpot_s"]["p50"], 4), _f(c["tpot_s"]["p99"], 4)])
+    out.append(_table(["tier/class", "arrived", "completed", "shed (reason n)", "expired", "wait p50",
+                       "wait p99", "ttft p50", "ttft p99", "tpot p50", "tpot p99"], rows))
+    out.append("")
+    rows = []
+    for tier, t in s["tiers"].items():
+        b = "; ".join(f"{w} ${v['spent_usd']:.2f}/${v['budget_usd']:.2f}{'' if v['within'] else ' OVER'}"
+                      for w, v in t["budget"].items()) or "-"
+        rows.append([tier, _f(t["replica_hours"]), str(t["peak_replicas"]), str(t["replicas_at_end"]),
+                     _f(t["spend_usd"]), _f(t["cost_per_million_useful_tokens_usd"]), b])
+    out.append(_table(["tier", "replica-h", "peak", "at end", "spend $", "$/M useful tok", "budget (spent/budget)"],
+                      rows))
+    out.append("")
+    rows = [[name, str(c["started"]), str(c["completed"]), str(c["timed_out"]), str(c["shed"])]
+            for name, c in s["chains"].items()]
+    if rows:
+        out.append(_table(["chain", "started", "completed", "timed out", "shed"], rows))
+        out.append("")
+    out.append(f"goodput {s['goodput_rps']:.2f} req/s (committed {s['committed_goodput_rps']:.2f}); "
+               f"replica-hours {s['replica_hours']:.2f}; spend ${s['spend_usd']:.2f} "
+               f"({'within' if s['within_budget'] else 'OVER'} budget); "
+               f"${_f(s['cost_per_million_useful_tokens_usd'])} per million useful tokens")
+    return "\n".join(out)
+
+
+def render_checks(results: list[tuple[str, bool, str]]) -> str:
+    return "\n".join(f"  [{'pass' if ok else 'FAIL'}] {name}: {seen}" for name, ok, seen in results)
+
+
+def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | None,
+                 bound_all: dict[str, TierBound] | None = None,
+                 bound_floors: dict[str, TierBound] | None = None) -> list[dict[str, Any]]:
+    """One row per policy, ranked by goodput (high first), then replica-hours and spend (low first)."""
+    rows = []
+    for s in summaries:
+        cc = s["chains_by_class"].get("committed", {})
+        rows.append({
+            "policy": s["policy"], "goodput_rps": s["goodput_rps"], "committed_goodput_rps": s["committed_goodput_rps"],
+            "committed_missed": s["committed_arrived"] - s["committed_on_time"],
+            "committed_chains_failed": cc.get("timed_out", 0) + cc.get("shed", 0),
+            "replica_hours": s["replica_hours"], "spend_usd": s["spend_usd"],
+            "cost_per_million_useful_tokens_usd": s["cost_per_million_useful_tokens_usd"],
+            "within_budget": s["within_budget"],
+        })
+    rows.sort(key=lambda r: (-r["goodput_rps"], r["replica_hours"], r["spend_usd"]))
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    for key in ("replica_hours", "spend_usd"):  # the cost ranks: cheapest first
+        for i, r in enumerate(sorted(rows, key=lambda r: r[key]), 1):
+            r[f"rank_{key}"] = i
+    for label, b in (("clairvoyant: committed (bound)", bound), ("clairvoyant: every call", bound_all),
+                     ("clairvoyant: every call + floors", bound_floors)):
+        if b is not None:
+            rows.append({"policy": label, "goodput_rps": None, "committed_goodput_rps": None,
+                         "committed_missed": 0, "committed_chains_failed": 0,
+                         "replica_hours": round(sum(x.replica_seconds for x in b.values()) / 3600, 3),
+                         "spend_usd": round(sum(x.spend_usd for x in b.values()), 4),
+                         "cost_per_million_useful_tokens_usd": None, "within_budget": None, "rank": None,
+                         "rank_replica_hours": None, "rank_spend_usd": None})
+    return rows
+
+
+def render_compare(rows: list[dict[str, Any]]) -> str:
+    def rk(r: dict[str, Any], key: str) -> str:
+        return f" (#{r[key]})" if r.get(key) else ""
+
+    table = [[r["policy"], str(r["rank"] or "-"), _f(r["goodput_rps"]), _f(r["committed_goodput_rps"]),
+              str(r["committed_missed"]), str(r["committed_chains_failed"]),
+              _f(r["replica_hours"]) + rk(r, "rank_replica_hours"), _f(r["spend_usd"]) + rk(r, "rank_spend_usd"),
+              _f(r["cost_per_million_useful_tokens_usd"]),
+              "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "NO")] for r in rows]
+    return _table(["policy", "#", "goodput/s", "committed/s", "committed missed", "committed chains failed",
+                   "replica-h (#)", "spend $ (#)", "$/M useful", "in budget"], table)
