@@ -1,0 +1,251 @@
+"""The tier decision: how many replicas a tier should run, and why. Pure; no I/O, no clock.
+
+The live scaler and the simulator both observe a tier (its line, rates,
+replicas, pre-warms, budget and GPU room), build a `TierState`, and call
+`decide_tier(state, cfg, now)`. What comes back is a typed `ScaleDecision` that
+carries its reason, so the operator, the metrics and the replay all see the
+same why. The rules (`000_...txt` part III, `002_...txt`):
+
+- the signal is seconds-to-drain (requests in line / served per second), with
+  the oldest wait as a second signal; never utilisation;
+- floor = max(warm floor, active pre-warm); ceiling = min(max_replicas, what
+  the budget allows, what the GPUs can hold);
+- scale-out counts replicas already starting and the backlog that piles up
+  while they start, so a need is never ordered twice;
+- scale-in removes one replica at a time, only with an empty line, only after
+  the drain time stayed under the threshold for `scale_in_hold_s`, never while
+  a replica of the tier is starting; each step restarts the hold, so a raised
+  floor comes down in stages and a second, smaller spike does not pay the
+  cold-start tax again.
+
+The scaler carries one timestamp between ticks, `calm_since` (when the drain
+time last went under the threshold, or when the last step down happened); it
+goes in with the state and comes back in the decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from fleet.config import PrewarmWindow, TierConfig
+from fleet.policy.capacity import backlog_during_startup, replicas_for, seconds_to_drain
+
+Action = Literal["scale_out", "scale_in", "hold", "capped"]
+CeilingBy = Literal["max_replicas", "budget", "gpu_memory"]
+
+# Bounded reason codes: the `reason` label of fleet_scale_decisions_total.
+# The human reason string carries the numbers; the code keeps the label set small.
+REASON_CODES = ("floor", "drain", "arrival", "starting", "line", "hold_period", "idle", "steady",
+                "max_replicas", "budget", "gpu_memory")
+
+
+@dataclass(frozen=True, slots=True)
+class TierState:
+    """What the scaler observed about one tier at one instant."""
+
+    waiting: int  # requests in the line, all classes
+    oldest_wait_s: float
+    arrival_rate: float  # admitted requests per second
+    service_rate: float  # completed requests per second
+    ready: int
+    starting: int  # ordered and not yet ready, including ones that have not heartbeated yet
+    per_replica_rate: float  # requests per second one ready replica serves
+    startup_s: float  # expected seconds from ordering a replica to it serving
+    draining: int = 0
+    prewarm_floor: int = 0  # from `active_prewarm`
+    budget_ceiling: int | None = None  # most replicas the budget allows; None: no limit
+    gpu_ceiling: int | None = None  # most replicas the GPUs can hold; None: no GPU limit
+    calm_since: float | None = None  # carried by the scaler: see the module doc
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    """What to do with a tier now, and why."""
+
+    action: Action
+    delta: int  # replicas to add (> 0) or remove (< 0); 0 for hold and capped
+    reason: str  # e.g. "scale_out: drain 4.1 s > 2 s, +4 counting 0 starting"
+    code: str  # one of REASON_CODES, for metrics
+    floor: int
+    ceiling: int
+    ceiling_by: CeilingBy
+    desired: int  # replicas the demand alone asks for
+    drain_s: float
+    calm_since: float | None  # carry into the next TierState
+
+
+def ceiling_of(max_replicas: int, budget_ceiling: int | None, gpu_ceiling: int | None) -> tuple[int, CeilingBy]:
+    """The smallest of the three limits, and which one binds (budget first on a tie:
+    it is the limit an operator most needs to hear about)."""
+    limits: list[tuple[int, CeilingBy]] = [(max_replicas, "max_replicas")]
+    if gpu_ceiling is not None:
+        limits.append((max(0, gpu_ceiling), "gpu_memory"))
+    if budget_ceiling is not None:
+        limits.append((max(0, budget_ceiling), "budget"))
+    low = min(n for n, _ in limits)
+    order: dict[CeilingBy, int] = {"budget": 0, "gpu_memory": 1, "max_replicas": 2}
+    return low, min((by for n, by in limits if n == low), key=order.__getitem__)
+
+
+def effective_per_replica_rate(model_rate: float, service_rate: float, ready: int, waiting: int,
+                               oldest_wait_s: float, rate_window_s: float) -> float:
+    """Requests per second one replica serves: the latency model's figure, unless
+    the replicas have been saturated for a whole rate window and serve less.
+
+    Only a saturated window measures capacity (an idle replica's completions
+    measure demand); trusting a lower measured rate then stops the scaler from
+    believing a model that is too optimistic for this engine.
+    """
+    if waiting > 0 and ready > 0 and service_rate > 0 and oldest_wait_s >= rate_window_s:
+        return min(model_rate, service_rate / ready)
+    return model_rate
+
+
+def start_timeout_s(startup_s: float) -> float:
+    """How long a replica may take to become ready before it is stopped and reported.
+
+    Twice the expected start-up plus a margin: a loaded box is slower, but a
+    replica that never gets there must not be waited on forever.
+    """
+    return 2 * max(0.0, startup_s) + 10.0
+
+
+def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
+    thr = cfg.drain_threshold_s
+    floor = max(cfg.warm_floor, s.prewarm_floor)
+    ceiling, ceiling_by = ceiling_of(cfg.max_replicas, s.budget_ceiling, s.gpu_ceiling)
+    have = s.ready + s.starting
+    drain = seconds_to_drain(s.waiting, s.service_rate)
+    hot = s.waiting > 0 and (drain > thr or s.oldest_wait_s > thr)
+    calm_since = None if hot else (now if s.calm_since is None else s.calm_since)
+
+    # Demand. Desired never depends on `starting`: an order placed last tick
+    # raises `have`, not the need, so the same need is never ordered twice.
+    r = max(s.per_replica_rate, 1e-9)
+    by_arrival = replicas_for(s.arrival_rate, r) if s.arrival_rate > 0 else 0
+    # The line now plus what piles up while new replicas start, drained within the threshold.
+    growth = backlog_during_startup(s.arrival_rate, s.ready * r, s.startup_s)
+    backlog = s.waiting + growth
+    by_line = math.ceil(backlog / (thr * r)) if backlog > 0 else 0
+    desired = max(by_arrival, by_line)
+    target = max(desired, floor)
+
+    def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since) -> ScaleDecision:
+        return ScaleDecision(action=action, delta=delta, reason=reason, code=code, floor=floor, ceiling=ceiling,
+                             ceiling_by=ceiling_by, desired=desired, drain_s=drain, calm_since=calm)
+
+    # Above the ceiling (the budget fell, or max_replicas was lowered): step down, by the
+    # same careful rules as scale-in, however much the demand would like to keep them.
+    over = have > ceiling and have > floor
+    if target > have and not over:
+        if have >= ceiling:
+            return made("capped", 0, f"capped: {ceiling_by} (ceiling {ceiling}, want {target}, have {have})",
+                        ceiling_by)
+        goal = min(target, ceiling)
+        delta = goal - have
+        counting = f"+{delta} counting {s.starting} starting"
+        if hot and desired > have:
+            if math.isinf(drain):
+                why = f"drain inf s > {thr:g} s (nothing served in the rate window)"
+            elif drain > thr:
+                why = f"drain {drain:.1f} s > {thr:g} s"
+            else:
+                why = f"oldest wait {s.oldest_wait_s:.1f} s > {thr:g} s"
+            reason, code = f"scale_out: {why}, {counting}", "drain"
+        elif desired > have:
+            if by_arrival >= by_line:
+                reason = (f"scale_out: arrivals {s.arrival_rate:.1f}/s need {by_arrival} at {r:.1f}/s each, "
+                          f"{counting}")
+                code = "arrival"
+            else:
+                piling = f" + {growth:.0f} arriving during {s.startup_s:.0f} s of start-up" if growth >= 0.5 else ""
+                reason = f"scale_out: line {s.waiting}{piling} needs {by_line} to drain in {thr:g} s, {counting}"
+                code = "line"
+        else:
+            kind = "pre-warm" if s.prewarm_floor > cfg.warm_floor else "warm floor"
+            reason, code = f"scale_out: floor {floor} ({kind}), {counting}", "floor"
+        if goal < target:
+            reason += f" (capped: {ceiling_by} at {ceiling})"
+        return made("scale_out", delta, reason, code)
+
+    if over or (have > floor and desired < s.ready):
+        if s.starting:
+            return made("hold", 0, f"hold: {s.starting} starting", "starting")
+        if s.waiting:
+            return made("hold", 0, f"hold: line not empty ({s.waiting} waiting)", "line")
+        calm_for = 0.0 if calm_since is None else now - calm_since
+        if calm_for < cfg.scale_in_hold_s:
+            return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in",
+                        "hold_period")
+        # The step restarts the hold: the next one waits a whole hold period again.
+        why = f"above the ceiling {ceiling} ({ceiling_by})" if over else f"need {desired}"
+        return made("scale_in", -1, f"scale_in: calm {calm_for:.0f} s >= {cfg.scale_in_hold_s:g} s, "
+                    f"{have} -> {have - 1} (floor {floor}, {why})", ceiling_by if over else "idle", calm=now)
+
+    if s.starting:
+        return made("hold", 0, f"hold: {s.starting} starting", "starting")
+    return made("hold", 0, f"hold: {have} replicas (floor {floor}, ceiling {ceiling}, need {desired})", "steady")
+
+
+# --- Pre-warm -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmOrder:
+    """An operator's pre-warm: hold the tier at `floor` or more until `until` (epoch seconds)."""
+
+    floor: int
+    until: float
+    id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Prewarm:
+    """The pre-warm floor in force now (0 when none) and where it comes from."""
+
+    floor: int
+    until: float | None  # when the floor it sets ends
+    source: str | None  # "schedule <cron>" or "operator"
+
+
+_MAX_STARTS = 10_000  # bounds the walk over a window's starts; a cron firing every second for a day is absurd
+
+
+def window_active(w: PrewarmWindow, now: float, lead_s: float, tz: str = "UTC") -> float | None:
+    """When the window covering `now` ends, or None. A window starting at S covers
+    [S - lead_s, S + duration_s): it opens early by the start-up time, so replicas
+    are resident when the load arrives, and pays the cold-start tax in the quiet.
+
+    `tz` is the zone the cron is read in (a market opens at 08:25 local time).
+    """
+    zone = ZoneInfo(tz)
+    # Only starts after now - duration can still cover now; walk forward from there.
+    it = croniter(w.cron, datetime.fromtimestamp(now - w.duration_s, zone))
+    for _ in range(_MAX_STARTS):
+        start = it.get_next(float)
+        if start - lead_s > now:
+            return None
+        if now < start + w.duration_s:
+            return start + w.duration_s
+    return None
+
+
+def active_prewarm(windows: Sequence[PrewarmWindow], orders: Iterable[PrewarmOrder], now: float, lead_s: float,
+                   tz: str = "UTC") -> Prewarm:
+    """The highest pre-warm floor in force at `now`, from the schedule and the operator."""
+    best = Prewarm(0, None, None)
+    for w in windows:
+        until = window_active(w, now, lead_s, tz)
+        if until is not None and w.floor > best.floor:
+            best = Prewarm(w.floor, until, f"schedule {w.cron}")
+    for o in orders:
+        if o.until > now and o.floor > best.floor:
+            best = Prewarm(o.floor, o.until, "operator")
+    return best

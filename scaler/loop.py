@@ -1,0 +1,305 @@
+"""The control loop (`fleet scaler`): observe each tier in Redis, ask the policy, act.
+
+Each tick (at least once a second) the leader, per tier:
+1. observes the line (`Line.observe`), replica heartbeats, its own supervised
+   replicas (launched ones count as starting before their first heartbeat),
+   operator pre-warms, the budget state (`TierKeys.budget`, field `ceiling`,
+   maintained by the budget governor) and the GPU room;
+2. ticks the budget governor (`fleet.governor.govern`), then calls
+   `fleet.policy.decide_tier` — the same function the simulator calls;
+3. executes the decision through the supervisor;
+4. publishes it: `TierKeys.scaler` (the status page), a capped stream of
+   decisions with their reasons (`TierKeys.decisions`) and the metrics.
+
+Only the holder of the lease acts; others stand by and take over when it
+stops renewing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from fleet import metrics
+from fleet.config import FleetConfig
+from fleet.governor import govern
+from fleet.keys import TierKeys, scaler_leader_key
+from fleet.latency import cold_start_s, per_replica_rate
+from fleet.line import Line
+from fleet.policy import (
+    Prewarm,
+    ScaleDecision,
+    TierState,
+    active_prewarm,
+    decide_tier,
+    effective_per_replica_rate,
+    expected_startup_s,
+    rate,
+)
+from fleet.prewarm import read_orders
+from fleet.replicas import Replica, read_replicas
+from scaler.lease import Lease
+from scaler.supervisor import ReplicaEvent, Supervisor
+
+log = logging.getLogger("fleet.scaler")
+
+STREAM_MAXLEN = 1000
+MEASURED_KEPT = 5  # start-ups remembered per tier; their median is the expected start-up
+
+
+class Scaler:
+    def __init__(self, cfg: FleetConfig, redis: Redis, supervisor: Supervisor, *, scaler_id: str | None = None,
+                 tick_s: float = 1.0, lease_s: float = 3.0) -> None:
+        self.cfg = cfg
+        self.redis = redis
+        self.supervisor = supervisor
+        self.id = scaler_id or f"scaler-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.tick_s = tick_s
+        self.lease = Lease(redis, scaler_leader_key(cfg.namespace), self.id, lease_s)
+        self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
+                              rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
+        self.leader = False
+        self.calm_since: dict[str, float | None] = {}
+        self.measured: dict[str, deque[float]] = {t: deque(maxlen=MEASURED_KEPT) for t in cfg.tiers}
+        self.last_written: dict[str, tuple[str, str]] = {}
+
+    # --- the loop -------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, stop_replicas_on_exit: bool = False,
+                  exit_grace_s: float = 30.0) -> None:
+        try:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    await self.step()
+                except Exception:  # a Redis blip must not end the loop; the next tick retries
+                    log.exception("scaler tick failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(0.0, self.tick_s - (time.monotonic() - t0)))
+        finally:
+            if self.leader:
+                if stop_replicas_on_exit:
+                    log.info("stopping: draining %d replicas", len(self.supervisor.records))
+                    await self.supervisor.stop_all(exit_grace_s)
+                with contextlib.suppress(Exception):
+                    await self.lease.release()  # a standby takes over now, not after the lease runs out
+
+    async def step(self) -> None:
+        held = await self.lease.hold()
+        if held and not self.leader:
+            self.leader = True
+            log.info("%s is the acting scaler", self.id)
+            await self._take_over()
+        elif not held and self.leader:
+            self.leader = False
+            log.warning("%s lost the lease; standing by", self.id)
+            self.supervisor.forget()
+        if not self.leader:
+            return
+        try:  # the budget governor first, so each tier's ceiling is fresh
+            await govern(self.redis, self.cfg)
+        except Exception:  # the last published judgement (or none) stands; scaling goes on
+            log.exception("budget governor tick failed")
+        for tier in self.cfg.tiers:
+            await self.tick_tier(tier)
+
+    async def _take_over(self) -> None:
+        for tier in self.cfg.tiers:
+            calm, startup = await self.redis.hmget(TierKeys(self.cfg.namespace, tier).scaler, "calm_since",
+                                                   "startup_s")
+            self.calm_since[tier] = _float(calm)
+            if (s := _float(startup)) is not None and not self.measured[tier]:
+                self.measured[tier].append(s)
+        for ev in await self.supervisor.restore():
+            await self._event(ev)
+
+    # --- one tier ---------------------------------------------------------------------
+
+    def expected_startup(self, tier: str, heartbeats: list[Replica]) -> float:
+        """Launch to ready as measured here; else the engines' own cold starts; else the model."""
+        seen = list(self.measured[tier]) or [r.cold_start_s for r in heartbeats if r.cold_start_s is not None]
+        return expected_startup_s(seen, cold_start_s(self.cfg.tiers[tier].sim))
+
+    async def tick_tier(self, tier: str) -> ScaleDecision:
+        tc = self.cfg.tiers[tier]
+        k = TierKeys(self.cfg.namespace, tier)
+        snap = await self.lines[tier].observe()
+        heartbeats = await read_replicas(self.redis, k, self.cfg.heartbeat_s)
+        startup = self.expected_startup(tier, heartbeats)
+        events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"}, startup, tier)
+        gone = {e.replica for e in events if e.event in ("died", "drained")}
+        heartbeats = [r for r in heartbeats if r.id not in gone]
+        for ev in events:
+            await self._event(ev)
+
+        states = {r.id: r.state for r in heartbeats}
+        for rec in self.supervisor.of_tier(tier):
+            if rec.state in ("draining", "stopping"):
+                states[rec.id] = "draining"  # SIGTERM sent; its heartbeat may not say so yet
+            else:
+                states.setdefault(rec.id, "starting" if rec.state == "starting" else "ready")
+        count = {s: sum(1 for v in states.values() if v == s) for s in ("starting", "ready", "draining")}
+
+        now = time.time()
+        startup = self.expected_startup(tier, heartbeats)
+        orders = await read_orders(self.redis, k, now, prune=True)
+        # Start early by the start-up plus two ticks, so the replicas are resident when the window opens.
+        prewarm = active_prewarm(tc.prewarm, orders, now, startup + 2 * self.tick_s, tc.budget.timezone)
+        have = count["ready"] + count["starting"]
+        room = self.supervisor.placement.room(tc.gpus_per_replica, tc.gpu_memory_gb)
+        served = rate(snap.completions_in_window, self.cfg.rate_window_s)
+        state = TierState(
+            waiting=snap.waiting, oldest_wait_s=snap.oldest_wait_s,
+            arrival_rate=rate(snap.arrivals_in_window, self.cfg.rate_window_s), service_rate=served,
+            ready=count["ready"], starting=count["starting"], draining=count["draining"],
+            per_replica_rate=effective_per_replica_rate(per_replica_rate(tc.sim, tc.slots), served, count["ready"],
+                                                        snap.waiting, snap.oldest_wait_s, self.cfg.rate_window_s),
+            startup_s=startup, prewarm_floor=prewarm.floor, budget_ceiling=await self._budget_ceiling(k),
+            gpu_ceiling=None if room is None else have + room, calm_since=self.calm_since.get(tier),
+        )
+        d = decide_tier(state, tc, now)
+        self.calm_since[tier] = d.calm_since
+        note = await self._execute(tier, d, heartbeats)
+        replaced = [e.replica for e in events if e.event in ("died", "start_timeout")]
+        if d.action == "scale_out" and replaced:
+            note += f"; replaces {', '.join(replaced)}"
+
+        metrics.SCALE_DECISIONS.labels(tier, d.action, d.code).inc()
+        for s, n in count.items():
+            metrics.REPLICAS.labels(tier, s).set(n)
+        metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
+        metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
+        await self._publish(k, tier, d, note, now, prewarm, startup, count)
+        return d
+
+    async def _budget_ceiling(self, k: TierKeys) -> int | None:
+        """The budget governor's ceiling (`fleet.governor`); none published: the budget does not bound."""
+        c = _float(await self.redis.hget(k.budget, "ceiling"))
+        return max(0, int(c)) if c is not None and math.isfinite(c) else None
+
+    async def _execute(self, tier: str, d: ScaleDecision, heartbeats: list[Replica]) -> str:
+        if d.action == "scale_out":
+            started = 0
+            for _ in range(d.delta):
+                rec = await self.supervisor.start(tier)
+                if rec is None:
+                    break
+                started += 1
+                await self._event(ReplicaEvent(tier, rec.id, "started", d.reason))
+            return "" if started == d.delta else f" (started {started}; capped: gpu_memory)"
+        if d.action == "scale_in":
+            ours = {r.id for r in self.supervisor.of_tier(tier) if r.state in ("starting", "ready")}
+            # The ready replica with the fewest requests in flight; the youngest on a tie
+            # (the older ones have warm caches). It finishes what it holds before leaving.
+            candidates = [r for r in heartbeats if r.state == "ready" and r.id in ours]
+            if not candidates:
+                return " (no replica this supervisor can drain)"
+            victim = min(candidates, key=lambda r: (r.in_use, -r.started))
+            await self.supervisor.drain(victim.id)
+            return f" (draining {victim.id}, {victim.in_use} in flight)"
+        return ""
+
+    async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,
+                       startup: float, count: dict[str, int]) -> None:
+        fields: dict[str, str | int | float] = {
+            "floor": d.floor, "ceiling": d.ceiling, "ceiling_by": d.ceiling_by, "desired": d.desired,
+            "prewarm_floor": pw.floor, "prewarm_until": pw.until or "", "prewarm_source": pw.source or "",
+            "action": d.action, "delta": d.delta, "reason": d.reason + note, "code": d.code, "at": now,
+            "calm_since": "" if d.calm_since is None else d.calm_since, "startup_s": round(startup, 3),
+            "ts": now, "scaler": self.id, "ready": count["ready"], "starting": count["starting"],
+            "draining": count["draining"],
+        }
+        if d.action != "hold":
+            fields.update({"last_action": d.action, "last_reason": d.reason + note, "last_at": now})
+        await self.redis.hset(k.scaler, mapping=fields)
+        key = (d.action, d.code)
+        if d.action in ("scale_out", "scale_in") or self.last_written.get(tier) != key:
+            self.last_written[tier] = key
+            await self.redis.xadd(k.decisions, {"kind": "decision", "action": d.action, "delta": d.delta,
+                                                "reason": d.reason + note, "code": d.code, "floor": d.floor,
+                                                "ceiling": d.ceiling, "at": now, "scaler": self.id},
+                                  maxlen=STREAM_MAXLEN, approximate=True)
+            if d.action != "hold":
+                log.info("%s: %s%s", tier, d.reason, note)
+
+    async def _event(self, ev: ReplicaEvent) -> None:
+        k = TierKeys(self.cfg.namespace, ev.tier)
+        metrics.REPLICA_EVENTS.labels(ev.tier, ev.event).inc()
+        if ev.startup_s is not None:
+            self.measured[ev.tier].append(ev.startup_s)
+        if ev.event in ("died", "start_timeout", "lost"):
+            await self.redis.hincrby(k.scaler, "deaths" if ev.event != "start_timeout" else "start_timeouts", 1)
+            log.warning("%s: replica %s %s: %s", ev.tier, ev.replica, ev.event, ev.detail)
+        if ev.event != "started":  # a start is already in the stream as its decision
+            await self.redis.xadd(k.decisions, {"kind": "event", "event": ev.event, "replica": ev.replica,
+                                                "reason": ev.detail, "at": time.time(), "scaler": self.id},
+                                  maxlen=STREAM_MAXLEN, approximate=True)
+
+
+def _float(v: bytes | str | None) -> float | None:
+    if v in (None, b"", ""):
+        return None
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def worker_env(redis_url: str, config_path: str | None) -> dict[str, str]:
+    """What a replica inherits: this environment, the Redis and the config the scaler uses."""
+    env = {**os.environ, "REDIS_URL": redis_url}
+    if config_path:
+        env["FLEET_CONFIG"] = str(Path(config_path).absolute())
+    return env
+
+
+async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local", engine: str | None = None,
+                     image: str = "fleet-gateway:latest", network: str | None = None, tick_s: float = 1.0,
+                     lease_s: float = 3.0, drain_grace_s: float = 300.0, stop_replicas_on_exit: bool = False,
+                     metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
+                     config_path: str | None = None, scaler_id: str | None = None) -> None:
+    from scaler.backends import Backend, DockerBackend, LocalBackend
+    from scaler.placement import Placement, discover
+
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(metrics_port, addr=metrics_host)
+        except OSError as e:  # metrics are worth a warning, not a dead scaler
+            log.warning("cannot serve metrics on %s:%d: %s", metrics_host, metrics_port, e)
+    gpus, source = discover(cfg.gpus)
+    log.info("GPU inventory from %s: %s", source,
+             ", ".join(f"{g.index}:{g.memory_gb:.0f}GB" for g in gpus) or "none (replicas run without GPUs)")
+    env = worker_env(redis_url, config_path)
+    be: Backend
+    if backend == "docker":
+        be = DockerBackend(cfg.namespace, image, {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
+                           network=network, engine=engine)
+    else:
+        be = LocalBackend(env, engine=engine)
+    redis = Redis.from_url(redis_url)
+    supervisor = Supervisor(cfg, redis, be, Placement(gpus), drain_grace_s=drain_grace_s)
+    scaler = Scaler(cfg, redis, supervisor, scaler_id=scaler_id, tick_s=tick_s, lease_s=lease_s)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("%s standing by for the lease (tick %.2f s, lease %.1f s)", scaler.id, tick_s, lease_s)
+    try:
+        await scaler.run(stop, stop_replicas_on_exit=stop_replicas_on_exit, exit_grace_s=min(drain_grace_s, 60))
+    finally:
+        await redis.aclose()
+

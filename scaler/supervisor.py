@@ -1,0 +1,190 @@
+"""The supervisor: starts, drains and stops worker replicas, and watches them.
+
+It keeps a record of every replica it started in Redis (`TierKeys.supervised`)
+so that the next leader can re-find them after a scaler restart or takeover.
+Each poll reports what happened to them: ready (with the measured start-up),
+died (replaced by the next decision, and counted), start_timeout (not ready
+within the timeout derived from the expected start-up: stopped and reported,
+never waited on forever), drained, killed_after_grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from fleet.config import FleetConfig
+from fleet.keys import TierKeys
+from fleet.policy import start_timeout_s
+from scaler.backends import Backend, Supervised
+from scaler.placement import Placement
+
+log = logging.getLogger("fleet.scaler.supervisor")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaEvent:
+    tier: str
+    replica: str
+    event: str  # started | ready | drained | died | start_timeout | killed_after_grace | lost
+    detail: str
+    startup_s: float | None = None  # for `ready`: launch to ready, as measured here
+
+
+class Supervisor:
+    def __init__(self, cfg: FleetConfig, redis: Redis, backend: Backend, placement: Placement, *,
+                 drain_grace_s: float = 300.0) -> None:
+        self.cfg = cfg
+        self.redis = redis
+        self.backend = backend
+        self.placement = placement
+        self.drain_grace_s = drain_grace_s
+        self.records: dict[str, Supervised] = {}
+
+    def keys(self, tier: str) -> TierKeys:
+        return TierKeys(self.cfg.namespace, tier)
+
+    def of_tier(self, tier: str) -> list[Supervised]:
+        return [r for r in self.records.values() if r.tier == tier]
+
+    async def _save(self, rec: Supervised) -> None:
+        await self.redis.hset(self.keys(rec.tier).supervised, rec.id, rec.dumps())
+
+    # --- leadership ---------------------------------------------------------------
+
+    async def restore(self) -> list[ReplicaEvent]:
+        """Take over the replicas an earlier leader started, from its records and
+        (Docker) the labels; records of replicas that are gone are dropped."""
+        events = []
+        for tier in self.cfg.tiers:
+            k = self.keys(tier)
+            for rid, raw in (await self.redis.hgetall(k.supervised)).items():
+                name = rid.decode() if isinstance(rid, bytes) else rid
+                if name in self.records:
+                    continue
+                try:
+                    rec = Supervised.loads(raw)
+                except (ValueError, TypeError):
+                    await self.redis.hdel(k.supervised, name)
+                    continue
+                if rec.backend == self.backend.name and self.backend.adopt(rec):
+                    self.records[rec.id] = rec
+                    self.placement.book(rec.id, rec.gpus, rec.gpu_gb)
+                elif rec.backend == self.backend.name:
+                    await self.redis.hdel(k.supervised, name)
+                    events.append(ReplicaEvent(tier, name, "lost", "gone while no scaler was watching"))
+        for rec in self.backend.discover(self.cfg.namespace):
+            if rec.id not in self.records and rec.tier in self.cfg.tiers:
+                self.records[rec.id] = rec
+                self.placement.book(rec.id, rec.gpus, rec.gpu_gb)
+                await self._save(rec)
+        return events
+
+    def forget(self) -> None:
+        """Lost the lease: stop managing, without touching a replica (the new leader adopts them)."""
+        self.records.clear()
+        self.placement.booked.clear()
+
+    # --- actions --------------------------------------------------------------------
+
+    async def start(self, tier: str) -> Supervised | None:
+        """Start one replica of the tier; None when no GPU has room for it."""
+        tc = self.cfg.tiers[tier]
+        rid = f"{tier}-{uuid.uuid4().hex[:8]}"
+        gpus = self.placement.place(rid, tc.gpus_per_replica, tc.gpu_memory_gb)
+        if gpus is None:
+            return None
+        rec = Supervised(id=rid, tier=tier, backend=self.backend.name, launched=time.time(), gpus=gpus,
+                         gpu_gb=tc.gpu_memory_gb if gpus else 0.0)
+        try:
+            self.backend.launch(rec)
+        except Exception:
+            self.placement.release(rid)
+            raise
+        self.records[rid] = rec
+        await self._save(rec)
+        log.info("started %s%s", rid, f" on GPUs {','.join(map(str, gpus))}" if gpus else "")
+        return rec
+
+    async def drain(self, rid: str) -> bool:
+        """SIGTERM: the replica stops claiming, finishes what it holds, exits."""
+        rec = self.records.get(rid)
+        if rec is None or rec.state in ("draining", "stopping"):
+            return False
+        self.backend.terminate(rec)
+        rec.state, rec.drain_at = "draining", time.time()
+        await self._save(rec)
+        log.info("draining %s", rid)
+        return True
+
+    # --- watching -------------------------------------------------------------------
+
+    async def poll(self, ready_ids: set[str], startup_s: float = 0.0, tier: str | None = None) -> list[ReplicaEvent]:
+        """Check the replicas (of one tier, or all) once. `ready_ids`: replicas whose
+        heartbeat says ready; `startup_s`: the expected start-up (for the start timeout)."""
+        now = time.time()
+        events: list[ReplicaEvent] = []
+        for rec in list(self.records.values()):
+            if tier is not None and rec.tier != tier:
+                continue
+            if not self.backend.alive(rec):
+                self.backend.cleanup(rec)
+                await self._remove(rec)
+                code = f"exit {rec.exit_code}" if rec.exit_code is not None else "exited"
+                if rec.state == "draining":
+                    events.append(ReplicaEvent(rec.tier, rec.id, "drained", f"drained and left ({code})"))
+                elif rec.state != "stopping":  # a stopped one was reported when it was stopped
+                    events.append(ReplicaEvent(rec.tier, rec.id, "died", f"died while {rec.state} ({code})"))
+                continue
+            if rec.state == "draining" and rec.drain_at and now - rec.drain_at > self.drain_grace_s:
+                self.backend.kill(rec)
+                rec.state = "stopping"
+                await self._save(rec)
+                events.append(ReplicaEvent(rec.tier, rec.id, "killed_after_grace",
+                                           f"still draining after {self.drain_grace_s:g} s; killed (its leases "
+                                           "expire and the line requeues what it held)"))
+            elif rec.state == "starting":
+                if rec.id in ready_ids:
+                    rec.state, rec.ready_at = "ready", now
+                    await self._save(rec)
+                    took = now - rec.launched
+                    events.append(ReplicaEvent(rec.tier, rec.id, "ready", f"ready after {took:.1f} s", took))
+                else:
+                    limit = start_timeout_s(startup_s)
+                    if now - rec.launched > limit:
+                        self.backend.kill(rec)
+                        rec.state = "stopping"
+                        await self._save(rec)
+                        events.append(ReplicaEvent(rec.tier, rec.id, "start_timeout",
+                                                   f"not ready after {limit:.0f} s; stopped"))
+        return events
+
+    async def _remove(self, rec: Supervised) -> None:
+        self.records.pop(rec.id, None)
+        self.placement.release(rec.id)
+        k = self.keys(rec.tier)
+        # A killed worker cannot remove its own heartbeat; without this it would
+        # count as alive for a few more beats.
+        await self.redis.hdel(k.supervised, rec.id)
+        await self.redis.hdel(k.replicas, rec.id)
+
+    async def stop_all(self, grace_s: float) -> None:
+        """Drain every replica, wait up to `grace_s` for them to leave, kill the rest."""
+        import asyncio
+
+        for rid in list(self.records):
+            await self.drain(rid)
+        end = time.monotonic() + grace_s
+        while self.records and time.monotonic() < end:
+            await self.poll(set())
+            await asyncio.sleep(0.1)
+        for rec in list(self.records.values()):
+            self.backend.kill(rec)
+        end = time.monotonic() + 5
+        while self.records and time.monotonic() < end:
+            await self.poll(set())
+            await asyncio.sleep(0.05)

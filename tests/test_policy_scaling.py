@@ -1,0 +1,334 @@
+"""The tier decision and the pre-warm windows: the exercise's numbers, the rules, and
+property tests of the invariants (never above the ceiling, never below the floor,
+never ordering twice for replicas already starting, never removing while one starts,
+removing at most one per step)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.config import PrewarmWindow, TierConfig
+from fleet.policy import (
+    PrewarmOrder,
+    TierState,
+    active_prewarm,
+    backlog_during_startup,
+    ceiling_of,
+    cost_per_million_tokens,
+    decide,
+    decide_tier,
+    effective_per_replica_rate,
+    littles_law,
+    replicas_for,
+    start_timeout_s,
+    startup_seconds,
+)
+
+# --- The exercise (002_...txt) --------------------------------------------------------
+
+
+def test_exercise_numbers() -> None:
+    assert startup_seconds(14e9, 2e9, 5) == 12  # 14 GB at 2 GB/s + 5 s
+    assert backlog_during_startup(12, 8, 12) == 48  # (12 - 8) * 12
+    assert replicas_for(12, 8) == 2
+    assert replicas_for(0.1, 8) == 1  # at least one
+    assert replicas_for(12, 8, headroom=0.5) == 3
+    assert math.isclose(cost_per_million_tokens(2, 100), 5.5556, abs_tol=1e-4)
+    assert math.isclose(cost_per_million_tokens(2, 50), 11.1111, abs_tol=1e-4)
+    assert littles_law(4, 2) == 8
+
+
+def test_exercise_decide_rules() -> None:
+    assert decide(0, 1, 0, 12, 8) == 1  # need 2, have 1: add the difference
+    assert decide(0, 1, 1, 12, 8) == 0  # the one starting already covers it: never order twice
+    assert decide(0, 1, 0, 100, 8, max_replicas=4) == 3  # never beyond max
+    assert decide(0, 3, 0, 4, 8) == -1  # need 1 < 3 ready, line empty: remove ONE
+    assert decide(5, 3, 0, 4, 8) == 0  # not with a line
+    assert decide(0, 3, 1, 4, 8) == 0  # not while one is starting
+    assert decide(0, 1, 0, 0.1, 8, min_replicas=1) == 0  # never below min
+
+
+# --- The tier decision --------------------------------------------------------------------
+
+CFG = TierConfig(warm_floor=2, max_replicas=12, drain_threshold_s=2.0, scale_in_hold_s=30)
+NOW = 1_000_000.0
+
+
+def state(**kw: object) -> TierState:
+    base: dict[str, object] = dict(waiting=0, oldest_wait_s=0.0, arrival_rate=0.0, service_rate=0.0, ready=2,
+                                   starting=0, per_replica_rate=8.0, startup_s=12.0)
+    base.update(kw)
+    return TierState(**base)  # type: ignore[arg-type]
+
+
+def test_scale_out_on_drain_with_its_reason() -> None:
+    # The seed's open: 8 replicas, drain 4.1 s against 2 s; four more drain the line in time.
+    d = decide_tier(state(waiting=41, service_rate=10.0, arrival_rate=10.0, ready=8, per_replica_rate=1.75),
+                    CFG, NOW)
+    assert (d.action, d.delta, d.code) == ("scale_out", 4, "drain")
+    assert d.reason == "scale_out: drain 4.1 s > 2 s, +4 counting 0 starting"
+
+
+def test_scale_out_counts_the_backlog_that_piles_up_during_start_up() -> None:
+    # 12/s against 8/s of capacity with a 12 s start-up: 48 more requests arrive before help does.
+    s = state(ready=1, arrival_rate=12.0, service_rate=8.0, waiting=16, oldest_wait_s=2.5)
+    d = decide_tier(s, TierConfig(warm_floor=1, max_replicas=20), NOW)
+    # (16 + 48) requests to drain within 2 s at 8/s each: 4 replicas; 3 more.
+    assert (d.action, d.delta, d.desired) == ("scale_out", 3, 4)
+    assert d.reason.endswith("+3 counting 0 starting")
+
+
+def test_scale_out_for_arrivals_before_a_line_forms() -> None:
+    d = decide_tier(state(arrival_rate=30.0, service_rate=16.0, startup_s=0.0), CFG, NOW)
+    assert (d.action, d.delta, d.code) == ("scale_out", 2, "arrival")
+    assert "arrivals 30.0/s need 4 at 8.0/s each" in d.reason
+    # With a 12 s start-up, 168 requests pile up before help arrives: order for them now.
+    d = decide_tier(state(arrival_rate=30.0, service_rate=16.0, startup_s=12.0), CFG, NOW)
+    assert (d.action, d.delta, d.code) == ("scale_out", 9, "line")
+    assert "line 0 + 168 arriving during 12 s of start-up needs 11 to drain in 2 s" in d.reason
+
+
+def test_replicas_starting_are_counted_and_never_ordered_twice() -> None:
+    d = decide_tier(state(waiting=41, service_rate=10.0, ready=8, starting=4, per_replica_rate=1.75,
+                          arrival_rate=10.0), CFG, NOW)
+    assert (d.action, d.delta, d.reason) == ("hold", 0, "hold: 4 starting")
+    # Still more needed than ready + starting: only the difference.
+    d = decide_tier(state(waiting=41, service_rate=10.0, ready=8, starting=2, per_replica_rate=1.75,
+                          arrival_rate=10.0), CFG, NOW)
+    assert (d.action, d.delta) == ("scale_out", 2)
+    assert d.reason.endswith("+2 counting 2 starting")
+
+
+def test_ceiling_is_the_smallest_of_max_budget_and_gpus() -> None:
+    assert ceiling_of(12, None, None) == (12, "max_replicas")
+    assert ceiling_of(12, 5, 7) == (5, "budget")
+    assert ceiling_of(12, 9, 7) == (7, "gpu_memory")
+    assert ceiling_of(4, 4, None) == (4, "budget")  # a tie names the budget
+    hot = dict(waiting=100, service_rate=4.0, ready=4, oldest_wait_s=10.0)
+    d = decide_tier(state(**hot, budget_ceiling=4), CFG, NOW)
+    assert (d.action, d.delta, d.code) == ("capped", 0, "budget")
+    assert d.reason.startswith("capped: budget")
+    d = decide_tier(state(**hot, gpu_ceiling=4, budget_ceiling=9), CFG, NOW)
+    assert d.reason.startswith("capped: gpu_memory") and d.ceiling == 4
+    d = decide_tier(state(**hot, budget_ceiling=6), CFG, NOW)  # room for two: take them, say why not more
+    assert (d.action, d.delta) == ("scale_out", 2) and d.reason.endswith("(capped: budget at 6)")
+
+
+def test_above_a_lowered_ceiling_the_tier_steps_down_by_the_same_careful_rules() -> None:
+    # The budget now allows 3 of the 6 running; demand would keep all 6.
+    busy = state(ready=6, arrival_rate=45.0, service_rate=45.0, budget_ceiling=3, calm_since=NOW - 31)
+    d = decide_tier(busy, CFG, NOW)
+    assert (d.action, d.delta, d.code) == ("scale_in", -1, "budget")
+    assert d.reason == "scale_in: calm 31 s >= 30 s, 6 -> 5 (floor 2, above the ceiling 3 (budget))"
+    assert decide_tier(dataclasses.replace(busy, starting=1), CFG, NOW).reason == "hold: 1 starting"
+    assert decide_tier(dataclasses.replace(busy, waiting=4, service_rate=40.0), CFG, NOW).code == "line"
+    assert decide_tier(dataclasses.replace(busy, calm_since=NOW - 5), CFG, NOW).code == "hold_period"
+    # Never below the floor, whatever the budget.
+    assert decide_tier(state(ready=2, budget_ceiling=0, calm_since=NOW - 99), CFG, NOW).action == "hold"
+
+
+def test_floor_is_the_larger_of_warm_floor_and_prewarm() -> None:
+    d = decide_tier(state(ready=0), CFG, NOW)
+    assert (d.action, d.delta, d.code, d.floor) == ("scale_out", 2, "floor", 2)
+    assert d.reason == "scale_out: floor 2 (warm floor), +2 counting 0 starting"
+    d = decide_tier(state(ready=2, prewarm_floor=8), CFG, NOW)
+    assert (d.action, d.delta, d.floor) == ("scale_out", 6, 8)
+    assert d.reason == "scale_out: floor 8 (pre-warm), +6 counting 0 starting"
+    # A floor the budget cannot pay for is capped, and says so.
+    d = decide_tier(state(ready=2, prewarm_floor=8, budget_ceiling=2), CFG, NOW)
+    assert (d.action, d.code) == ("capped", "budget")
+
+
+def test_scale_in_only_when_idle_after_the_hold_and_one_at_a_time() -> None:
+    idle = state(ready=5)
+    d = decide_tier(idle, CFG, NOW)
+    assert d.action == "hold" and d.code == "hold_period" and d.calm_since == NOW
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 29), CFG, NOW)
+    assert d.action == "hold" and d.reason == "hold: calm 29 s of 30 s before scale-in"
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 30), CFG, NOW)
+    assert (d.action, d.delta) == ("scale_in", -1)
+    assert d.calm_since == NOW  # the next step waits a whole hold again
+    # Never with a line, never while one starts (even after the hold).
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 99, waiting=1, service_rate=5.0), CFG, NOW)
+    assert d.reason == "hold: line not empty (1 waiting)"
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 99, starting=1), CFG, NOW)
+    assert d.reason == "hold: 1 starting"
+    # Never below the floor; never while the demand still needs the replicas.
+    assert decide_tier(state(ready=2, calm_since=NOW - 99), CFG, NOW).action == "hold"
+    assert decide_tier(state(ready=5, arrival_rate=39.0, service_rate=39.0, calm_since=NOW - 99), CFG,
+                       NOW).action == "hold"
+
+
+def test_drain_over_threshold_resets_the_hold_but_a_short_calm_line_does_not() -> None:
+    d = decide_tier(state(ready=5, waiting=50, service_rate=5.0, calm_since=NOW - 20), CFG, NOW)
+    assert d.calm_since is None
+    d = decide_tier(state(ready=5, waiting=2, service_rate=30.0, oldest_wait_s=0.1, calm_since=NOW - 20), CFG, NOW)
+    assert d.calm_since == NOW - 20  # a brief, quickly served line is no reason to start the wait over
+
+
+def test_a_raised_floor_steps_down_in_stages_after_the_window() -> None:
+    """After a pre-warm to 8 ends, the tier comes down one replica per hold period."""
+    cfg = TierConfig(warm_floor=2, max_replicas=12, scale_in_hold_s=30)
+    ready, calm, removals = 8, None, []
+    for t in range(0, 400, 1):  # one tick a second, no traffic
+        d = decide_tier(state(ready=ready, calm_since=calm), cfg, NOW + t)
+        calm = d.calm_since
+        if d.action == "scale_in":
+            ready -= 1
+            removals.append(t)
+    assert ready == 2
+    assert removals == [30, 60, 90, 120, 150, 180]
+
+
+def test_the_oldest_wait_is_a_second_signal() -> None:
+    # Drain looks fine on a stale service rate, but someone has waited 5 s.
+    d = decide_tier(state(ready=1, waiting=8, service_rate=8.0, oldest_wait_s=5.0, per_replica_rate=2.0),
+                    TierConfig(warm_floor=1), NOW)
+    assert d.action == "scale_out" and "oldest wait 5.0 s > 2 s" in d.reason
+
+
+def test_scale_from_zero() -> None:
+    cfg = TierConfig(warm_floor=0, max_replicas=4)
+    assert decide_tier(state(ready=0), cfg, NOW).action == "hold"
+    d = decide_tier(state(ready=0, waiting=1, oldest_wait_s=0.0), cfg, NOW)
+    assert (d.action, d.delta) == ("scale_out", 1)
+    assert "nothing served" in d.reason
+
+
+def test_effective_rate_trusts_a_saturated_window_only() -> None:
+    assert effective_per_replica_rate(8.0, 2.0, 2, waiting=0, oldest_wait_s=0, rate_window_s=10) == 8.0
+    assert effective_per_replica_rate(8.0, 2.0, 2, waiting=9, oldest_wait_s=3, rate_window_s=10) == 8.0
+    assert effective_per_replica_rate(8.0, 6.0, 2, waiting=9, oldest_wait_s=12, rate_window_s=10) == 3.0
+    assert effective_per_replica_rate(8.0, 40.0, 2, waiting=9, oldest_wait_s=12, rate_window_s=10) == 8.0
+
+
+def test_start_timeout_grows_with_the_start_up() -> None:
+    assert start_timeout_s(0) == 10
+    assert start_timeout_s(60) == 130
+
+
+# --- Pre-warm windows --------------------------------------------------------------------
+
+NY = ZoneInfo("America/New_York")
+OPEN = PrewarmWindow(cron="25 8 * * 1-5", floor=8, duration_s=2700)
+
+
+def at(y: int, mo: int, d: int, h: int, mi: int, s: int = 0) -> float:
+    return datetime(y, mo, d, h, mi, s, tzinfo=NY).timestamp()
+
+
+def test_window_opens_early_by_the_start_up_and_closes_on_time() -> None:
+    # Monday 2026-11-02, the window is 08:25-09:10 New York time; a 12 s start-up.
+    def floor(t: float) -> int:
+        return active_prewarm([OPEN], [], t, 12.0, "America/New_York").floor
+
+    assert floor(at(2026, 11, 2, 8, 24, 40)) == 0
+    assert floor(at(2026, 11, 2, 8, 24, 48)) == 8  # 12 s early: resident at 08:25
+    assert floor(at(2026, 11, 2, 8, 25)) == 8
+    pw = active_prewarm([OPEN], [], at(2026, 11, 2, 9, 9, 59), 12.0, "America/New_York")
+    assert pw.floor == 8 and pw.until == at(2026, 11, 2, 9, 10) and pw.source == "schedule 25 8 * * 1-5"
+    assert floor(at(2026, 11, 2, 9, 10)) == 0
+    assert floor(at(2026, 11, 7, 8, 30)) == 0  # Saturday
+    # Read in UTC, the same cron is a different instant.
+    assert active_prewarm([OPEN], [], at(2026, 11, 2, 8, 30), 12.0, "UTC").floor == 0
+
+
+def test_operator_orders_and_the_highest_floor_wins() -> None:
+    t = at(2026, 11, 2, 8, 30)
+    pw = active_prewarm([OPEN], [PrewarmOrder(10, t + 60, "x"), PrewarmOrder(20, t - 1, "old")], t, 12.0,
+                        "America/New_York")
+    assert (pw.floor, pw.source, pw.until) == (10, "operator", t + 60)
+    assert active_prewarm([OPEN], [PrewarmOrder(3, t + 60)], t, 12.0, "America/New_York").floor == 8
+    assert active_prewarm([], [], t, 12.0).floor == 0
+
+
+@pytest.mark.parametrize("cron", ["* * * * *", "*/5 * * * * */10"])
+def test_frequent_windows_stay_cheap_and_correct(cron: str) -> None:
+    w = PrewarmWindow(cron=cron, floor=2, duration_s=86400)
+    assert active_prewarm([w], [], at(2026, 11, 2, 12, 0), 1.0).floor == 2
+
+
+# --- Properties ---------------------------------------------------------------------------
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[TierState, TierConfig, float]:
+    max_r = draw(st.integers(1, 20))
+    cfg = TierConfig(warm_floor=draw(st.integers(0, max_r)), max_replicas=max_r,
+                     drain_threshold_s=draw(st.floats(0.5, 30)), scale_in_hold_s=draw(st.floats(0, 120)))
+    now = 1_000_000.0
+    s = TierState(
+        waiting=draw(st.integers(0, 2000)), oldest_wait_s=draw(st.floats(0, 120)),
+        arrival_rate=draw(st.floats(0, 200)), service_rate=draw(st.floats(0, 200)),
+        ready=draw(st.integers(0, 25)), starting=draw(st.integers(0, 10)),
+        per_replica_rate=draw(st.floats(0.05, 50)), startup_s=draw(st.floats(0, 300)),
+        prewarm_floor=draw(st.integers(0, 25)),
+        budget_ceiling=draw(st.none() | st.integers(0, 25)), gpu_ceiling=draw(st.none() | st.integers(0, 25)),
+        calm_since=draw(st.none() | st.floats(now - 500, now)),
+    )
+    return s, cfg, now
+
+
+@settings(max_examples=400, deadline=None)
+@given(cases())
+def test_invariants(case: tuple[TierState, TierConfig, float]) -> None:
+    s, cfg, now = case
+    d = decide_tier(s, cfg, now)
+    have = s.ready + s.starting
+    floor = max(cfg.warm_floor, s.prewarm_floor)
+    ceiling = min([cfg.max_replicas, *(c for c in (s.budget_ceiling, s.gpu_ceiling) if c is not None)])
+    assert (d.floor, d.ceiling) == (floor, ceiling)
+    assert d.reason.startswith(d.action + ":")
+    if d.action == "scale_out":
+        assert d.delta >= 1
+        assert have + d.delta <= ceiling  # never above the ceiling
+        # Never ordered twice: once the order is starting, the same observation orders nothing more.
+        again = decide_tier(dataclasses.replace(s, starting=s.starting + d.delta), cfg, now)
+        assert again.action != "scale_out" and again.delta <= 0
+    elif d.action == "scale_in":
+        assert d.delta == -1  # at most one per step
+        assert s.starting == 0 and s.waiting == 0  # never while starting, only with an empty line
+        assert have - 1 >= floor  # never below the floor
+        assert s.calm_since is not None and now - s.calm_since >= cfg.scale_in_hold_s
+        assert d.code == "idle" or have > ceiling  # for lack of demand, or above a lowered ceiling
+    else:
+        assert d.delta == 0
+    # Below the floor with room under the ceiling: the floor is restored at once.
+    if have < min(floor, ceiling):
+        assert d.action == "scale_out" and have + d.delta >= min(floor, ceiling)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.floats(0, 60)), min_size=5, max_size=60),
+       st.integers(1, 12), st.integers(0, 4))
+def test_a_run_of_ticks_stays_between_floor_and_ceiling(trace: list[tuple[int, float]], max_r: int,
+                                                          start_ticks: int) -> None:
+    """Execute the decisions against a toy fleet whose replicas take `start_ticks` to start."""
+    cfg = TierConfig(warm_floor=min(1, max_r), max_replicas=max_r, scale_in_hold_s=3)
+    ready, starting, calm = cfg.warm_floor, [], None  # starting: ticks left per replica
+    for tick, (waiting, arrivals) in enumerate(trace):
+        s = TierState(waiting=waiting, oldest_wait_s=0.0, arrival_rate=arrivals, service_rate=ready * 4.0,
+                      ready=ready, starting=len(starting), per_replica_rate=4.0, startup_s=start_ticks,
+                      calm_since=calm)
+        d = decide_tier(s, cfg, float(tick))
+        calm = d.calm_since
+        before = ready + len(starting)
+        if d.action == "scale_out":
+            starting += [start_ticks] * d.delta
+        elif d.action == "scale_in":
+            ready -= 1
+        after = ready + len(starting)
+        if after > before:
+            assert after <= max_r  # never above the ceiling
+        if after < before:
+            assert after == before - 1 and after >= cfg.warm_floor  # one at a time, never below the floor
+            assert not starting  # never while one is starting
+        ready += sum(1 for t in starting if t <= 0)
+        starting = [t - 1 for t in starting if t > 0]
