@@ -332,3 +332,37 @@ def test_a_run_of_ticks_stays_between_floor_and_ceiling(trace: list[tuple[int, f
             assert not starting  # never while one is starting
         ready += sum(1 for t in starting if t <= 0)
         starting = [t - 1 for t in starting if t > 0]
+
+
+def test_calm_before_a_burst_does_not_remove_a_replica_in_its_first_lull() -> None:
+    """A calm period carried in from the quiet must not let a one-tick lull in a
+    burst remove a replica the next tick orders again (seen in the market-open replay)."""
+    from fleet.config import TierConfig
+    from fleet.policy.scaling import TierState, decide_tier
+
+    cfg = TierConfig(warm_floor=1, max_replicas=12, drain_threshold_s=2.0, scale_in_hold_s=30)
+    quiet = TierState(waiting=0, oldest_wait_s=0, arrival_rate=1.0, service_rate=1.0, ready=4, starting=0,
+                      per_replica_rate=10.0, startup_s=5.0, calm_since=0.0)
+    d = decide_tier(quiet, cfg, now=1000.0)
+    assert d.action == "scale_in"  # long calm, spare replicas: one goes
+    # The burst needs every ready replica: calm ends, even with an empty line this instant.
+    busy = TierState(waiting=0, oldest_wait_s=0, arrival_rate=38.0, service_rate=38.0, ready=4, starting=0,
+                     per_replica_rate=10.0, startup_s=5.0, calm_since=0.0)
+    d = decide_tier(busy, cfg, now=2000.0)
+    assert d.action in ("hold", "scale_out") and d.calm_since is None
+    # A lull on the next tick starts the hold afresh instead of removing a replica.
+    lull = TierState(waiting=0, oldest_wait_s=0, arrival_rate=25.0, service_rate=25.0, ready=4, starting=0,
+                     per_replica_rate=10.0, startup_s=5.0, calm_since=d.calm_since)
+    d = decide_tier(lull, cfg, now=2001.0)
+    assert d.action == "hold" and d.calm_since == 2001.0
+
+
+def test_draining_replicas_count_against_the_ceiling() -> None:
+    from fleet.config import TierConfig
+    from fleet.policy.scaling import TierState, decide_tier
+
+    cfg = TierConfig(warm_floor=1, max_replicas=4, drain_threshold_s=2.0)
+    s = TierState(waiting=100, oldest_wait_s=5, arrival_rate=50.0, service_rate=10.0, ready=3, starting=0,
+                  per_replica_rate=10.0, startup_s=5.0, draining=1)
+    d = decide_tier(s, cfg, now=0.0)
+    assert d.action == "capped" and d.delta == 0 and "1 draining" in d.reason

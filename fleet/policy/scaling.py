@@ -18,9 +18,10 @@ same why. The rules (`000_...txt` part III, `002_...txt`):
   floor comes down in stages and a second, smaller spike does not pay the
   cold-start tax again.
 
-The scaler carries one timestamp between ticks, `calm_since` (when the drain
-time last went under the threshold, or when the last step down happened); it
-goes in with the state and comes back in the decision.
+The scaler carries one timestamp between ticks, `calm_since` (since when the
+drain time has stayed under its threshold with a replica to spare, or when
+the last step down happened); it goes in with the state and comes back in
+the decision.
 """
 
 from __future__ import annotations
@@ -124,7 +125,6 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     have = s.ready + s.starting
     drain = seconds_to_drain(s.waiting, s.service_rate)
     hot = s.waiting > 0 and (drain > thr or s.oldest_wait_s > thr)
-    calm_since = None if hot else (now if s.calm_since is None else s.calm_since)
 
     # Demand. Desired never depends on `starting`: an order placed last tick
     # raises `have`, not the need, so the same need is never ordered twice.
@@ -136,6 +136,14 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     by_line = math.ceil(backlog / (thr * r)) if backlog > 0 else 0
     desired = max(by_arrival, by_line)
     target = max(desired, floor)
+    # Calm is "the drain is under its threshold and the demand leaves a replica
+    # spare"; any tick that needs every ready replica restarts it. A calm
+    # period carried over from before a burst must not let the first lull in
+    # the burst remove a replica that the next second orders again.
+    # Above the ceiling, spare or not, only the drain counts.
+    over = have > ceiling and have > floor
+    calm = not hot and (desired < s.ready or over)
+    calm_since = (now if s.calm_since is None else s.calm_since) if calm else None
 
     def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since) -> ScaleDecision:
         return ScaleDecision(action=action, delta=delta, reason=reason, code=code, floor=floor, ceiling=ceiling,
@@ -143,12 +151,14 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
 
     # Above the ceiling (the budget fell, or max_replicas was lowered): step down, by the
     # same careful rules as scale-in, however much the demand would like to keep them.
-    over = have > ceiling and have > floor
+    # Draining replicas still hold their GPUs and bill until they leave: new
+    # orders fit under the ceiling beside them.
+    room = max(0, ceiling - s.draining)
     if target > have and not over:
-        if have >= ceiling:
-            return made("capped", 0, f"capped: {ceiling_by} (ceiling {ceiling}, want {target}, have {have})",
-                        ceiling_by)
-        goal = min(target, ceiling)
+        if have >= room:
+            return made("capped", 0, f"capped: {ceiling_by} (ceiling {ceiling}, want {target}, have {have}"
+                        + (f", {s.draining} draining" if s.draining else "") + ")", ceiling_by)
+        goal = min(target, room)
         delta = goal - have
         counting = f"+{delta} counting {s.starting} starting"
         if hot and desired > have:
