@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: up test setup vllm lint bench loadtest clean
+.PHONY: up test setup vllm lint bench loadtest chromium clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,12 +26,26 @@ vllm: $(VLLM_STAMP)
 up: $(STAMP)
 	$(BIN)/fleet up
 
-test: $(STAMP) $(VLLM_STAMP)
+# Debian's chromium for the dashboard test; installed only when missing (CI runs as root).
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: $(STAMP) $(VLLM_STAMP) chromium
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The market-open shape, headless, against a running `fleet up` (LOADTEST_URL);
+# LOADTEST_DURATION_S compresses the 90-minute morning. Reports in loadtests/reports/.
+LOADTEST_URL ?= http://127.0.0.1:8000
+LOADTEST_DURATION_S ?= 180
+loadtest: $(STAMP)
+	@mkdir -p loadtests/reports
+	LOADTEST_DURATION_S=$(LOADTEST_DURATION_S) $(BIN)/locust -f loadtests/locustfile.py,loadtests/market_open.py \
+	  --headless --host $(LOADTEST_URL) --csv loadtests/reports/market_open --csv-full-history \
+	  --html loadtests/reports/market_open.html --only-summary
 
 bench: $(STAMP)
 	$(BIN)/python bench/gateway_overhead.py

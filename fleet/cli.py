@@ -75,10 +75,13 @@ def gateway(host: str, port: int, config_path: str | None, verbose: bool) -> Non
               help="Engine (default: the tier's configured engine).")
 @click.option("--replica-id", default=None)
 @click.option("--time-scale", default=1.0, type=float, help="Scale the sim engine's clock (tests).")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Serve this replica's Prometheus metrics (TTFT, TPOT, slots) on this port.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @CONFIG
 @click.option("--verbose", is_flag=True)
 def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scale: float,
-           config_path: str | None, verbose: bool) -> None:
+           metrics_port: int | None, metrics_host: str, config_path: str | None, verbose: bool) -> None:
     """Run one worker replica for a tier."""
     from workers.worker import run_worker
 
@@ -88,7 +91,8 @@ def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scal
         click.echo(f"fleet: unknown tier {tier!r}; tiers are {', '.join(cfg.tiers)}", err=True)
         sys.exit(2)
     asyncio.run(run_worker(cfg, tier, engine_name or cfg.tiers[tier].engine, _redis_url(),
-                           replica_id=replica_id, time_scale=time_scale))
+                           replica_id=replica_id, time_scale=time_scale, metrics_port=metrics_port,
+                           metrics_host=metrics_host))
 
 
 @main.command()
@@ -126,6 +130,95 @@ def status(url: str, as_json: bool) -> None:
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
         render(doc)
+
+
+@main.command()
+@CONFIG
+@click.option("--tick", "tick_s", default=1.0, show_default=True, type=click.FloatRange(0.05, 1.0),
+              help="Seconds between decisions (at most 1).")
+@click.option("--lease", "lease_s", default=3.0, show_default=True, type=click.FloatRange(0.5, 60),
+              help="Leader lease; a standby takes over this long after the leader stops renewing.")
+@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker"]),
+              help="Where replicas run: local processes, or Docker containers (GPU box).")
+@click.option("--image", default="fleet-gateway:latest", show_default=True, help="Worker image (--backend docker).")
+@click.option("--network", default=None, help="Docker network for the worker containers.")
+@click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
+              help="Engine for every replica (default: each tier's configured engine).")
+@click.option("--drain-grace", "drain_grace_s", default=300.0, show_default=True, type=float,
+              help="Seconds a draining replica may take to finish its requests before it is killed.")
+@click.option("--stop-replicas-on-exit", is_flag=True,
+              help="Drain this scaler's replicas when it stops (fleet up); by default they keep serving "
+                   "for the next leader to adopt.")
+@click.option("--metrics-port", default=9101, show_default=True, type=click.IntRange(0, 65535),
+              help="Serve the scaler's Prometheus metrics here (0: off).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--verbose", is_flag=True)
+def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, image: str, network: str | None,
+           engine_name: str | None, drain_grace_s: float, stop_replicas_on_exit: bool, metrics_port: int,
+           metrics_host: str, verbose: bool) -> None:
+    """Run the scaler and its supervisor: size each tier on its line (one acts; others stand by)."""
+    from scaler.loop import run_scaler
+
+    _logging(verbose)
+    cfg = _config(config_path)
+    asyncio.run(run_scaler(cfg, _redis_url(), backend=backend, engine=engine_name, image=image, network=network,
+                           tick_s=tick_s, lease_s=lease_s, drain_grace_s=drain_grace_s,
+                           stop_replicas_on_exit=stop_replicas_on_exit, metrics_port=metrics_port or None,
+                           metrics_host=metrics_host, config_path=config_path))
+
+
+@main.command()
+@click.argument("tier")
+@click.option("--floor", required=True, type=click.IntRange(0), help="Replicas to hold at least.")
+@click.option("--for", "duration", required=True, help="How long: 45m, 90s, 1h30m.")
+@click.option("--url", default=lambda: os.environ.get("FLEET_URL", "http://127.0.0.1:8000"),
+              show_default="http://127.0.0.1:8000", help="The gateway.")
+@click.option("--api-key", default=lambda: os.environ.get("FLEET_API_KEY", ""), show_default="$FLEET_API_KEY",
+              help="An admin key.")
+def prewarm(tier: str, floor: int, duration: str, url: str, api_key: str) -> None:
+    """Raise a tier's floor now, for a while (pay the cold-start tax before the burst)."""
+    import httpx
+
+    from fleet.prewarm import parse_duration
+
+    try:
+        secs = parse_duration(duration)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--for") from None
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.post(f"{url.rstrip('/')}/v1/fleet/prewarm", json={"tier": tier, "floor": floor, "duration_s": secs},
+                       headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        click.echo(f"fleet: cannot reach the gateway at {url}: {e}", err=True)
+        sys.exit(1)
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    if r.status_code != 200:
+        click.echo(f"fleet: {body.get('error', {}).get('message') or r.text}", err=True)
+        sys.exit(1)
+    import datetime as dt
+
+    until = dt.datetime.fromtimestamp(body["until"]).astimezone().strftime("%H:%M:%S %Z")
+    click.echo(f"{body['tier']}: floor {body['floor']} until {until}")
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--policy", default="fleet", show_default=True,
+              help="fleet (ours), or a baseline: static, hpa, keda, ray.")
+@click.option("--compare", is_flag=True, help="Also replay every baseline on the same trace; rank them.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole outcome as JSON.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw demand, line, drain, replicas and spend per tier to FILE.png.")
+@click.option("--seed", default=None, type=int, help="Random seed for the arrivals (default: the scenario's).")
+@click.option("--timeline", default=200, show_default=True, type=int, help="Decisions to print (0: none).")
+def simulate(scenario: str, policy: str, compare: bool, as_json: bool, plot_path: str | None, seed: int | None,
+             timeline: int) -> None:
+    """Replay a scenario through the real policy in simulated time (see configs/scenarios/)."""
+    from simulator.cli import run_simulate
+
+    sys.exit(run_simulate(scenario, policy=policy, compare=compare, as_json=as_json, plot_path=plot_path,
+                          seed=seed, timeline=timeline))
 
 
 @main.command("hash-key")

@@ -122,12 +122,36 @@ class BudgetWindow(_Strict):
     duration_s: float = Field(gt=0)
     usd: float = Field(ge=0)
 
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, v: str) -> str:
+        return PrewarmWindow._valid_cron(v)
+
 
 class Budget(_Strict):
     daily_usd: float | None = Field(None, ge=0)
-    reset_at: str = "00:00"
+    reset_at: str = "00:00"  # HH:MM in `timezone`, when the daily budget starts over
     timezone: str = "UTC"
     windows: list[BudgetWindow] = Field(default_factory=list)
+
+    @field_validator("reset_at")
+    @classmethod
+    def _valid_reset(cls, v: str) -> str:
+        hh, sep, mm = v.strip().partition(":")
+        if not (sep and hh.isdigit() and mm.isdigit() and int(hh) < 24 and int(mm) < 60):
+            raise ValueError(f"reset_at must be HH:MM (24 h), got {v!r}")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {v!r} (an IANA name such as America/New_York)") from None
+        return v
 
 
 class TierConfig(_Strict):
@@ -184,6 +208,15 @@ class ApiKey(_Strict):
     tpm: int | None = Field(None, gt=0)
     budget_usd: float | None = Field(None, ge=0)
     admin: bool = False
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, v: str) -> str:
+        # A clear-text key pasted here by mistake must stop start-up, not silently never match.
+        v = v.strip().lower()
+        if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError("must be the 64-hex-digit sha256 of the key (`fleet hash-key SECRET`), not the key")
+        return v
 
 
 class GpuInventory(_Strict):

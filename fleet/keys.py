@@ -66,9 +66,57 @@ class TierKeys:
     def budget(self) -> str:
         """HASH of the tier's budget state as the governor last judged it:
         `exhausted` ("1" or "0"), `retry_at` (epoch seconds when the window
-        resets), `window` (its name), `spent`, `projected`, `budget` (dollars).
-        The gateway's admission reads it; the budget governor writes it."""
+        resets), `window` (its name), `spent`, `projected`, `budget` (dollars),
+        `ceiling` (most replicas the budget allows), `reason`, `ts` (when judged).
+        The gateway's admission reads it; the scaler reads `ceiling`; the budget
+        governor (`fleet.governor.govern`) writes it, with a TTL, so a governor
+        that stopped leaves no stale refusal behind."""
         return self._k("budget")
+
+    @property
+    def admitting(self) -> str:
+        """ZSET "rank:request id" -> expiry (Redis clock, ms) of requests admitted but
+        not yet in the line, so that a burst of concurrent admissions sees each other."""
+        return self._k("admitting")
+
+    @property
+    def prewarm(self) -> str:
+        """HASH order id -> JSON {floor, until, created}: operator pre-warms
+        (POST /v1/fleet/prewarm, `fleet prewarm`); the scaler prunes expired ones."""
+        return self._k("prewarm")
+
+    @property
+    def scaler(self) -> str:
+        """HASH of what the scaler last decided for the tier: floor, ceiling,
+        ceiling_by, prewarm_*, action, delta, reason, at, calm_since, startup_s,
+        deaths, start_timeouts. The status page reads it; a new leader resumes from it."""
+        return self._k("scaler")
+
+    @property
+    def decisions(self) -> str:
+        """STREAM (capped) of scaling decisions with their reasons, for operators."""
+        return self._k("decisions")
+
+    @property
+    def supervised(self) -> str:
+        """HASH replica id -> JSON of how the supervisor started it (backend, pid or
+        container, host, GPUs, launch time), so the next leader can re-find it."""
+        return self._k("supervised")
+
+    @property
+    def ledger_beats(self) -> str:
+        """HASH replica id -> "ms|state|started ms": where each replica's cost was last accrued
+        to, so every replica-second is counted once, whoever reports it."""
+        return self._k("ledger:beats")
+
+    @property
+    def ledger_total(self) -> str:
+        """HASH of lifetime spend totals (see `fleet.ledger`)."""
+        return self._k("ledger:total")
+
+    def ledger_day(self, day: int) -> str:
+        """HASH of one UTC day's spend, by minute, hour and day (see `fleet.ledger`)."""
+        return self._k(f"ledger:d:{day}")
 
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
@@ -77,3 +125,27 @@ class TierKeys:
     def result(self, rid: str) -> str:
         """STREAM of one request's events: tokens, then done or error."""
         return self._k(f"res:{rid}")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyKeys:
+    """Keys of one API key; they share the hash tag `{key:NAME}`."""
+
+    namespace: str
+    name: str
+
+    @property
+    def window(self) -> str:
+        """HASH of the rate-limit window: `r:<epoch second>` requests, `t:<epoch second>` tokens."""
+        return f"{self.namespace}:{{key:{self.name}}}:window"
+
+    @property
+    def budget(self) -> str:
+        """HASH of the key's dollar budget: `spent`, `reserved`, `unbilled` (nano-dollars)
+        and `r:<request id>` -> "nano|expiry ms" per open reservation (see `fleet.keybudget`)."""
+        return f"{self.namespace}:{{key:{self.name}}}:budget"
+
+
+def scaler_leader_key(namespace: str) -> str:
+    """STRING holding the acting scaler's id under a lease (SET NX PX, renewed each tick)."""
+    return f"{namespace}:scaler:leader"

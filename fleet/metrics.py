@@ -29,8 +29,22 @@ DRAIN = Gauge("fleet_seconds_to_drain", "Requests waiting / served per second (t
 ARRIVAL_RATE = Gauge("fleet_arrival_rate", "Admitted requests per second over the rate window.", ["tier"])
 SERVICE_RATE = Gauge("fleet_service_rate", "Completed requests per second over the rate window.", ["tier"])
 REPLICAS = Gauge("fleet_replicas", "Replicas by state (starting, ready, draining).", ["tier", "state"])
+# The configured bounds, so dashboards can draw the line, replicas and drain time against them.
+WARM_FLOOR = Gauge("fleet_warm_floor", "Configured warm floor (replicas kept warm when idle).", ["tier"])
+MAX_REPLICAS = Gauge("fleet_max_replicas", "Configured replica ceiling before any budget cap.", ["tier"])
+DRAIN_THRESHOLD = Gauge("fleet_drain_threshold_seconds", "Seconds-to-drain above which the tier scales out.",
+                        ["tier"])
+IN_FLIGHT = Gauge("fleet_in_flight", "Requests claimed by a worker and running.", ["tier"])
+# Worker side: what one replica holds right now (exposed on `fleet worker --metrics-port`).
+WORKER_ACTIVE = Gauge("fleet_worker_active_requests", "Requests this replica is running.", ["tier", "replica"])
+WORKER_SLOTS = Gauge("fleet_worker_slots", "Requests this replica may run at once.", ["tier", "replica"])
 SCALE_DECISIONS = Counter("fleet_scale_decisions", "Scaler decisions by action and reason.",
                           ["tier", "action", "reason"])
+# Scaler side: the bounds in force (floor includes pre-warms, ceiling includes budget and GPUs).
+REPLICA_FLOOR = Gauge("fleet_replica_floor", "Floor in force: max(warm floor, active pre-warm).", ["tier"])
+REPLICA_CEILING = Gauge("fleet_replica_ceiling", "Ceiling in force: min(max_replicas, budget, GPU room).", ["tier"])
+REPLICA_EVENTS = Counter("fleet_replica_events", "Replica lifecycle events seen by the supervisor (started, ready, "
+                         "drained, died, start_timeout, killed_after_grace, lost).", ["tier", "event"])
 
 SPEND = Gauge("fleet_spend_usd_total", "Dollars spent by the tier in the current daily budget window.", ["tier"])
 BUDGET = Gauge("fleet_budget_usd", "Dollar budget by window.", ["tier", "window"])

@@ -25,3 +25,30 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
                   f"{r.get('starting', 0)}/{r.get('ready', 0)}/{r.get('draining', 0)}",
                   str(s["floor"]), str(s["ceiling"]))
     (console or Console()).print(t)
+    for tier, s in doc["tiers"].items():  # the scaler's why, when one is running
+        if s.get("last_decision"):
+            pw = s.get("prewarm")
+            extra = f"  [pre-warm floor {pw['floor']}, {pw['source']}]" if pw else ""
+            (console or Console()).print(f"{tier}: {s['last_decision']['reason']}{extra}", markup=False)
+    if any("spend_usd" in s for s in doc["tiers"].values()):
+        (console or Console()).print(_spend_table(doc))
+
+
+def _spend_table(doc: dict[str, Any]) -> Table:
+    """Spend against budget per tier (today = the tier's budget day)."""
+    t = Table(title="Spend", header_style="bold")
+    for col in ("tier", "spent today $", "projected $", "budget $", "budget ceiling", "replica-h", "$/M useful tok",
+                "budget"):
+        t.add_column(col, justify="right" if col != "tier" else "left")
+    for tier, s in doc["tiers"].items():
+        if "spend_usd" not in s:
+            continue
+        b = s.get("budget") or {}
+        state = "EXHAUSTED" if b.get("exhausted") else ("capped" if b.get("capped") else "ok")
+        none = s["budget_usd"] is None
+        ceiling = "-" if s["budget_ceiling"] is None else str(s["budget_ceiling"])
+        t.add_row(tier, _num(s["spend_usd"]), "-" if none else _num(s["projected_spend_usd"]),
+                  "-" if none else _num(s["budget_usd"]), ceiling,
+                  _num(s["replica_hours"]["total"], "{:.3f}"), _num(s["cost_per_million_useful_tokens_usd"], "{:.4f}"),
+                  f"{state} ({b['window']})" if b.get("window") else state)
+    return t

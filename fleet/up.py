@@ -1,7 +1,9 @@
 """`fleet up`: the whole fleet on one machine, as child processes.
 
-Shows progress while replicas pay their cold start, then prints a first call.
-Ctrl-C drains everything: workers finish what they hold, then exit.
+The scaler and its supervisor start each tier at its warm floor and then size
+it on its line. Shows progress while replicas pay their cold start, then
+prints a first call. Ctrl-C drains everything: workers finish what they
+hold, then exit.
 """
 
 from __future__ import annotations
@@ -70,13 +72,12 @@ def run_up(cfg: FleetConfig, *, host: str, port: int, engine: str | None, config
     env = {**os.environ, "REDIS_URL": url}
     if config_path:
         env["FLEET_CONFIG"] = config_path
-    procs = [_spawn(["gateway", "--host", host, "--port", str(port)], env)]
+    procs = [_spawn(["gateway", "--host", host, "--port", str(port)], env),
+             # The scaler starts each tier at its floor, and drains its replicas when it stops.
+             _spawn(["scaler", "--stop-replicas-on-exit", *(["--engine", engine] if engine else [])], env)]
     want = {t: tc.warm_floor for t, tc in cfg.tiers.items()}
-    for tier, n in want.items():
-        for _ in range(n):
-            procs.append(_spawn(["worker", "--tier", tier, *(["--engine", engine] if engine else [])], env))
-    click.echo(f"fleet: starting the gateway and {sum(want.values())} replicas "
-               f"({', '.join(f'{t}={n}' for t, n in want.items())})")
+    click.echo(f"fleet: starting the gateway and the scaler; warm floors "
+               f"{', '.join(f'{t}={n}' for t, n in want.items())}")
     code = 0
     try:
         if asyncio.run(_progress(cfg, url, want, procs)):
@@ -98,7 +99,7 @@ def run_up(cfg: FleetConfig, *, host: str, port: int, engine: str | None, config
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(30)
+                p.wait(90)  # the scaler waits for its replicas to drain (up to 60 s)
             except subprocess.TimeoutExpired:
                 p.kill()
         if private:

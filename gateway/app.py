@@ -22,9 +22,16 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 
-from fleet.config import FleetConfig, Priority
+from fleet.config import FleetConfig
+from fleet.governor import govern
 from fleet.line import Line
+from gateway.admission import Admission, AdmissionRequest, Ticket, Usage, estimate_prompt_tokens, outcome_of
+from gateway.auth import KeyRing, authenticate
+from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, api_error_handler, from_event
+from gateway.fleet_api import router as fleet_router
+from gateway.observability import RequestRecorder
+from gateway.observability import router as metrics_router
 from gateway.results import ClientGone, events, first_or_gone
 from gateway.schemas import ChatBody, CompletionBody
 from gateway.status import fleet_status
@@ -45,6 +52,7 @@ class Gateway:
         self.redis = redis
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
+        self.admission = Admission(cfg, redis, self.lines)
         self.started = time.time()
 
     async def reap_forever(self) -> None:
@@ -57,6 +65,9 @@ class Gateway:
                     await line.reap()
                 except Exception:
                     log.exception("reaper tick failed for %s", line.tier)
+            # The budget governor's tick (idempotent, so the scaler may tick it too):
+            # budgets hold, and admission sees them, even with no scaler running.
+            await govern(self.redis, self.cfg)
 
 
 async def read_body(request: Request, limit: int) -> Any:
@@ -85,16 +96,6 @@ def validate(model: type[BaseModel], raw: Any) -> Any:
         raise APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
 
 
-def parse_priority(request: Request, default: str) -> Priority:
-    raw = request.headers.get("x-priority", default)
-    try:
-        return Priority.parse(raw)
-    except KeyError:
-        raise APIError(400, f"X-Priority {raw!r} is not a class; use one of "
-                       f"{', '.join(p.name for p in Priority)}", param="X-Priority",
-                       code="invalid_priority") from None
-
-
 def parse_deadline(request: Request, default_ms: int) -> int:
     raw = request.headers.get("x-deadline-ms")
     if raw is None:
@@ -115,16 +116,22 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         redis = Redis.from_url(redis_url, max_connections=4096)
         gw = Gateway(cfg, redis)
         app.state.gw = gw
+        await gw.admission.start()
         reaper = asyncio.create_task(gw.reap_forever())
         try:
             yield
         finally:
+            await gw.admission.stop()
             reaper.cancel()
             await asyncio.gather(reaper, return_exceptions=True)
             await redis.aclose()
 
     app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_exception_handler(APIError, api_error_handler)
+    app.state.keyring = KeyRing.from_config(cfg)  # says at start-up when the gateway runs open
+    app.include_router(metrics_router)
+    app.include_router(dashboard_router)
+    app.include_router(fleet_router)  # POST /v1/fleet/prewarm
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -164,14 +171,16 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
 
     async def _complete(request: Request, kind: str) -> Response:
         gw: Gateway = request.app.state.gw
+        caller = authenticate(request)  # 401 before the body is even read
         raw = await read_body(request, gw.cfg.max_body_bytes)
         body: ChatBody | CompletionBody = validate(ChatBody if kind == "chat" else CompletionBody, raw)
         tier = gw.cfg.resolve_model(body.model)
         if tier is None:
             raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists the tiers",
                            param="model", code="model_not_found")
+        caller.check_tier(tier)
         tc = gw.cfg.tiers[tier]
-        priority = parse_priority(request, gw.cfg.default_priority)
+        priority = caller.priority(request.headers.get("x-priority"), gw.cfg.default_priority)
         deadline_ms = parse_deadline(request, gw.cfg.default_deadline_ms)
         max_tokens = body.wanted_tokens(min(256, tc.max_tokens_limit))
         if max_tokens > tc.max_tokens_limit:
@@ -181,36 +190,57 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         deadline_at = loop.time() + deadline_ms / 1000
         payload: dict[str, Any] = {"kind": kind, "max_tokens": max_tokens, "temperature": body.temperature,
                                    "top_p": body.top_p, "stop": body.stops(), "seed": body.seed,
-                                   "stream": body.stream, "ignore_eos": body.ignore_eos}
+                                   "stream": body.stream, "ignore_eos": body.ignore_eos,
+                                   "key": caller.name}  # the ledger counts tokens by key and class
         if isinstance(body, ChatBody):
             payload["messages"] = [{"role": m.role, "content": m.text()} for m in body.messages]
         else:
             payload["prompt"] = body.prompt_text()
+        rec = RequestRecorder(tier, priority.name)
         rid = uuid.uuid4().hex
         line = gw.lines[tier]
-        await line.enqueue(rid, priority, orjson.dumps(payload), deadline_ms,
-                           request.headers.get("x-chain-id", ""))
-        stream = events(gw.redis, line, rid, deadline_at)
-        headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
+        # Admission (gateway/admission.py): rate limits, budgets, the tier's drain and the
+        # deadline; a typed 429 with Retry-After, or a ticket whose reservations end with the request.
+        explicit = body.max_completion_tokens or body.max_tokens
+        ticket = await gw.admission.admit(AdmissionRequest(
+            rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
+            prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
+            expected_output_tokens=explicit or min(max_tokens, tc.sim.typical_output_tokens)))
+        await ticket.enqueue(line, orjson.dumps(payload), request.headers.get("x-chain-id", ""))
         try:
-            first = await first_or_gone(stream, request.receive)
-        except ClientGone:
-            await line.finish(rid, "cancelled")
+            stream = events(gw.redis, line, rid, deadline_at)
+            headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
+            try:
+                first = await first_or_gone(stream, request.receive)
+            except ClientGone:
+                await line.finish(rid, "cancelled")
+                await stream.aclose()
+                await ticket.close("cancelled")
+                return Response(status_code=499)
+            if first["t"] == "err":
+                await stream.aclose()
+                await ticket.close(outcome_of(first))
+                err = from_event(first)
+                err.headers.update(headers)
+                raise err
+            created = int(time.time())
+            if body.stream:
+                return StreamingResponse(_sse(gw, line, rid, kind, body, first, stream, created, rec, ticket),
+                                         media_type="text/event-stream", headers=headers)
             await stream.aclose()
-            return Response(status_code=499)
-        if first["t"] == "err":
-            await stream.aclose()
-            err = from_event(first)
-            err.headers.update(headers)
-            raise err
-        created = int(time.time())
-        if body.stream:
-            return StreamingResponse(_sse(gw, line, rid, kind, body, first, stream, created),
-                                     media_type="text/event-stream", headers=headers)
-        await stream.aclose()
-        return _json(_final_body(kind, rid, body.model, created, first), headers=headers)
+            rec.done(first)
+            await ticket.close("completed", _usage_of(first))
+            return _json(_final_body(kind, rid, body.model, created, first), headers=headers)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ticket.close("failed"))  # a no-op if already closed
+            raise
 
     return app
+
+
+def _usage_of(ev: dict[str, Any]) -> Usage:
+    return Usage(int(ev.get("pt", 0)), int(ev.get("ct", 0)))
 
 
 def _usage(ev: dict[str, Any]) -> dict[str, int]:
@@ -231,7 +261,8 @@ def _final_body(kind: str, rid: str, model: str, created: int, ev: dict[str, Any
 
 
 async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | CompletionBody,
-               first: dict[str, Any], stream: AsyncIterator[dict[str, Any]], created: int) -> AsyncIterator[bytes]:
+               first: dict[str, Any], stream: AsyncIterator[dict[str, Any]], created: int,
+               rec: RequestRecorder, ticket: Ticket) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's chunk format, ending in `data: [DONE]`."""
     chat = kind == "chat"
     base: dict[str, Any] = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
@@ -249,6 +280,7 @@ async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | Co
         return b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
 
     finished = False
+    end: tuple[str, Usage | None] = ("cancelled", None)  # the outcome the ticket closes with
     try:
         if chat:
             yield chunk("", role=True)
@@ -258,12 +290,15 @@ async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | Co
                 yield chunk(ev["x"])
             elif ev["t"] == "done":
                 finished = True
+                end = ("completed", _usage_of(ev))
+                rec.done(ev)
                 yield chunk(None if chat else "", finish=ev.get("fr", "stop"))
                 if body.include_usage():
                     yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(ev)}) + b"\n\n"
                 break
             else:
                 finished = True
+                end = (outcome_of(ev), None)
                 err = from_event(ev)
                 yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
                 break
@@ -275,5 +310,7 @@ async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | Co
             # because this runs while the response task is being cancelled.
             with contextlib.suppress(Exception):
                 await asyncio.shield(line.finish(rid, "cancelled"))
+        with contextlib.suppress(Exception):
+            await asyncio.shield(ticket.close(*end))
         with contextlib.suppress(Exception):
             await stream.aclose()  # type: ignore[attr-defined]
