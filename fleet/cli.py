@@ -221,6 +221,85 @@ def simulate(scenario: str, policy: str, compare: bool, as_json: bool, plot_path
                           seed=seed, timeline=timeline))
 
 
+@main.group()
+def keys() -> None:
+    """API keys stored in Redis: every gateway picks them up within a heartbeat."""
+
+
+def _stored_keys() -> tuple[Any, str]:
+    import redis as sync_redis
+
+    from fleet.keys import stored_api_keys
+
+    cfg = _config(None)
+    return sync_redis.Redis.from_url(_redis_url()), stored_api_keys(cfg.namespace)
+
+
+@keys.command("add")
+@click.argument("name")
+@click.option("--tiers", default=None, help="Comma-separated tiers this key may use (default: all).")
+@click.option("--default-priority", default="interactive", show_default=True)
+@click.option("--max-priority", default="committed", show_default=True, help="The highest class it may send.")
+@click.option("--rpm", type=int, default=None, help="Requests per minute.")
+@click.option("--tpm", type=int, default=None, help="Tokens per minute.")
+@click.option("--budget-usd", type=float, default=None, help="Dollar budget for the key's lifetime.")
+@click.option("--admin", is_flag=True, help="May call fleet-control endpoints (pre-warm).")
+def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: str, rpm: int | None,
+             tpm: int | None, budget_usd: float | None, admin: bool) -> None:
+    """Create a key; its secret is printed once and only its sha256 is stored."""
+    import hashlib
+    import secrets
+
+    from pydantic import ValidationError
+
+    from fleet.config import ApiKey
+
+    r, hkey = _stored_keys()
+    if any(ApiKey.model_validate_json(v).name == name for v in r.hvals(hkey)):
+        click.echo(f"fleet: a stored key named {name!r} exists; revoke it first", err=True)
+        sys.exit(2)
+    secret = "fk-" + secrets.token_urlsafe(32)
+    try:
+        key = ApiKey(name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
+                     tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
+                     default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
+                     budget_usd=budget_usd, admin=admin)
+    except ValidationError as e:
+        click.echo("fleet: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()),
+                   err=True)
+        sys.exit(2)
+    r.hset(hkey, key.sha256, key.model_dump_json())
+    click.echo(secret)
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """The stored keys (names and limits, never secrets)."""
+    from fleet.config import ApiKey
+
+    r, hkey = _stored_keys()
+    for raw in r.hvals(hkey):
+        k = ApiKey.model_validate_json(raw)
+        click.echo(f"{k.name}\ttiers={','.join(k.tiers) if k.tiers else 'all'}\tdefault={k.default_priority}"
+                   f"\tmax={k.max_priority}\trpm={k.rpm}\ttpm={k.tpm}\tbudget_usd={k.budget_usd}"
+                   f"\tadmin={k.admin}")
+
+
+@keys.command("revoke")
+@click.argument("name")
+def keys_revoke(name: str) -> None:
+    """Remove a stored key; gateways refuse it within a heartbeat."""
+    from fleet.config import ApiKey
+
+    r, hkey = _stored_keys()
+    gone = [d for d, raw in r.hgetall(hkey).items() if ApiKey.model_validate_json(raw).name == name]
+    if not gone:
+        click.echo(f"fleet: no stored key named {name!r}", err=True)
+        sys.exit(1)
+    r.hdel(hkey, *gone)
+    click.echo(f"revoked {name}")
+
+
 @main.command("hash-key")
 @click.argument("secret")
 def hash_key(secret: str) -> None:

@@ -146,6 +146,11 @@ class ApiKeyKeys:
         return f"{self.namespace}:{{key:{self.name}}}:budget"
 
 
+def stored_api_keys(namespace: str) -> str:
+    """HASH sha256 hex -> ApiKey JSON: keys an operator added at run time (`fleet keys add`)."""
+    return f"{namespace}:apikeys"
+
+
 def scaler_leader_key(namespace: str) -> str:
     """STRING holding the acting scaler's id under a lease (SET NX PX, renewed each tick)."""
     return f"{namespace}:scaler:leader"

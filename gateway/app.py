@@ -47,12 +47,13 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 class Gateway:
     """State shared by the handlers: config, Redis, one Line per tier."""
 
-    def __init__(self, cfg: FleetConfig, redis: Redis) -> None:
+    def __init__(self, cfg: FleetConfig, redis: Redis, keyring: KeyRing | None = None) -> None:
         self.cfg = cfg
         self.redis = redis
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
         self.admission = Admission(cfg, redis, self.lines)
+        self.keyring = keyring or KeyRing(cfg.keys)
         self.started = time.time()
 
     async def reap_forever(self) -> None:
@@ -65,9 +66,13 @@ class Gateway:
                     await line.reap()
                 except Exception:
                     log.exception("reaper tick failed for %s", line.tier)
-            # The budget governor's tick (idempotent, so the scaler may tick it too):
-            # budgets hold, and admission sees them, even with no scaler running.
-            await govern(self.redis, self.cfg)
+            try:
+                # The budget governor's tick (idempotent, so the scaler may tick it too):
+                # budgets hold, and admission sees them, even with no scaler running.
+                await govern(self.redis, self.cfg)
+                await self.keyring.refresh(self.redis, self.cfg.namespace)
+            except Exception:  # a Redis blip must not end the loop; the next tick retries
+                log.exception("governor or key refresh tick failed")
 
 
 async def read_body(request: Request, limit: int) -> Any:
@@ -114,8 +119,9 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = Redis.from_url(redis_url, max_connections=4096)
-        gw = Gateway(cfg, redis)
+        gw = Gateway(cfg, redis, app.state.keyring)
         app.state.gw = gw
+        await gw.keyring.refresh(redis, cfg.namespace)  # keys added at run time count from the first call
         await gw.admission.start()
         reaper = asyncio.create_task(gw.reap_forever())
         try:

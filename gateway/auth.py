@@ -1,10 +1,12 @@
 """API keys: who is calling, which tiers and classes they may use, and who is an admin.
 
-Keys live in the config as sha256 digests (`fleet hash-key SECRET`), never in
-clear. A presented Bearer token is hashed and compared with every configured
-digest with `hmac.compare_digest`, with no early exit, so the time taken
-says nothing about how close a guess was. With no keys configured the
-gateway runs open (everyone may do everything) and says so at start-up.
+Keys live as sha256 digests, never in clear: in the config (`fleet hash-key
+SECRET`), or in Redis, where `fleet keys add` puts them at run time and every
+gateway picks them up within a heartbeat (revocation likewise). A presented
+Bearer token is hashed and compared with every known digest with
+`hmac.compare_digest`, with no early exit, so the time taken says nothing
+about how close a guess was. With no keys anywhere the gateway runs open
+(everyone may do everything) and says so.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import logging
 from dataclasses import dataclass
 
 from fastapi import Request
+from pydantic import ValidationError
+from redis.asyncio import Redis
 
 from fleet.config import ApiKey, FleetConfig, Priority
+from fleet.keys import stored_api_keys
 from gateway.errors import APIError
 
 log = logging.getLogger("fleet.gateway.auth")
@@ -59,10 +64,27 @@ class Caller:
 
 
 class KeyRing:
-    """The configured keys, by digest."""
+    """The known keys, by digest: the config's, plus those stored in Redis."""
 
     def __init__(self, keys: list[ApiKey]) -> None:
-        self.keys = [(bytes.fromhex(k.sha256.strip().lower()), k) for k in keys]
+        self.configured = [(bytes.fromhex(k.sha256.strip().lower()), k) for k in keys]
+        self.stored: list[tuple[bytes, ApiKey]] = []
+        self.keys = list(self.configured)
+
+    async def refresh(self, redis: Redis, namespace: str) -> None:
+        """Reload the keys stored in Redis; a bad entry is skipped and named, never fatal."""
+        stored = []
+        for digest, raw in (await redis.hgetall(stored_api_keys(namespace))).items():
+            try:
+                key = ApiKey.model_validate_json(raw)
+                stored.append((bytes.fromhex(key.sha256), key))
+            except (ValidationError, ValueError) as e:
+                log.error("stored API key %r is invalid and ignored: %s", digest, e)
+        was_open = self.open
+        self.stored = stored
+        self.keys = self.configured + stored
+        if was_open != self.open:
+            log.warning("the gateway now runs %s (%d keys)", "OPEN" if self.open else "closed", len(self.keys))
 
     @classmethod
     def from_config(cls, cfg: FleetConfig) -> KeyRing:
