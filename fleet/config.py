@@ -45,6 +45,17 @@ class ConfigError(Exception):
     """A config that cannot be used; the message names every bad field."""
 
 
+def valid_timezone(v: str) -> str:
+    """An IANA zone name, or a ValueError that says what is expected."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(v)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {v!r} (an IANA name such as America/New_York)") from None
+    return v
+
+
 class _Strict(BaseModel):
     # Unknown keys are typos far more often than intent: refuse them by name.
     model_config = ConfigDict(extra="forbid")
@@ -145,13 +156,7 @@ class Budget(_Strict):
     @field_validator("timezone")
     @classmethod
     def _valid_timezone(cls, v: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {v!r} (an IANA name such as America/New_York)") from None
-        return v
+        return valid_timezone(v)
 
 
 class TierConfig(_Strict):

@@ -33,12 +33,28 @@ from fleet.keys import TierKeys
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
 OUTCOMES = ("completed", "expired", "cancelled", "failed")
 
-_NOW = """
+LUA_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Redis turns Lua numbers into strings with 14 significant digits; scores
 -- need all 16, so every number bound for Redis goes through n2s.
 local function n2s(x) return string.format('%.0f', x) end
+"""
+
+# After LUA_NOW. Reads KEYS[1] (the line) and ARGV[2] (the key prefix); sets
+# `by_class` (requests waiting per class, highest first) and `oldest_enq` (when
+# the longest waiter joined, or now). Shared by `observe` and the gateway's admission.
+LUA_BY_CLASS = """
+local by_class, oldest_enq = {}, now
+for rank = 0, 3 do
+  local lo, hi = n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15)
+  by_class[#by_class + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi)
+  local head = redis.call('ZRANGEBYSCORE', KEYS[1], lo, hi, 'LIMIT', 0, 1)
+  if #head > 0 then
+    local enq = tonumber(redis.call('HGET', ARGV[2] .. 'req:' .. head[1], 'enq') or now)
+    if enq < oldest_enq then oldest_enq = enq end
+  end
+end
 """
 
 _EVENT = """
@@ -50,7 +66,7 @@ end
 
 # KEYS: line seq bell counters arrivals req
 # ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms
-ENQUEUE = _NOW + """
+ENQUEUE = LUA_NOW + """
 local seq = redis.call('INCR', KEYS[2])
 local score = n2s(tonumber(ARGV[2]) * 1e15 + seq)
 local deadline = now + tonumber(ARGV[4])
@@ -68,7 +84,7 @@ return {n2s(deadline), n2s(now)}
 
 # KEYS: line inflight counters
 # ARGV: n owner lease_ms prefix ttl_s
-CLAIM = _NOW + _EVENT + """
+CLAIM = LUA_NOW + _EVENT + """
 local out = {}
 local n = tonumber(ARGV[1])
 while #out < n do
@@ -96,7 +112,7 @@ return out
 """
 
 # KEYS: inflight ; ARGV: owner lease_ms prefix rid...
-RENEW = _NOW + """
+RENEW = LUA_NOW + """
 local lost = {}
 for i = 4, #ARGV do
   local rid = ARGV[i]
@@ -112,7 +128,7 @@ return lost
 
 # KEYS: line inflight counters completions req res
 # ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel
-FINISH = _NOW + _EVENT + """
+FINISH = LUA_NOW + _EVENT + """
 local f = redis.call('HMGET', KEYS[5], 'state', 'owner')
 if not f[1] or f[1] == 'done' then return 0 end
 if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return 0 end
@@ -136,7 +152,7 @@ return 1
 """
 
 # KEYS: inflight line counters bell dead ; ARGV: prefix max_attempts ttl_s
-REAP = _NOW + _EVENT + """
+REAP = LUA_NOW + _EVENT + """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', n2s(now), 'LIMIT', 0, 200)
 local requeued, lost = 0, 0
 for _, rid in ipairs(expired) do
@@ -173,18 +189,8 @@ return {requeued, lost}
 """
 
 # KEYS: line inflight counters arrivals completions ; ARGV: window_ms prefix
-OBSERVE = _NOW + """
-local by_class = {}
-local oldest = 0
-for rank = 0, 3 do
-  local lo, hi = n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15)
-  by_class[#by_class + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi)
-  local head = redis.call('ZRANGEBYSCORE', KEYS[1], lo, hi, 'LIMIT', 0, 1)
-  if #head > 0 then
-    local enq = tonumber(redis.call('HGET', ARGV[2] .. 'req:' .. head[1], 'enq') or now)
-    if now - enq > oldest then oldest = now - enq end
-  end
-end
+OBSERVE = LUA_NOW + LUA_BY_CLASS + """
+local oldest = now - oldest_enq
 local since = n2s(now - tonumber(ARGV[1]))
 return {n2s(now), by_class, n2s(oldest), redis.call('ZCARD', KEYS[2]),
   redis.call('ZCOUNT', KEYS[4], since, '+inf'), redis.call('ZCOUNT', KEYS[5], since, '+inf'),
@@ -319,6 +325,19 @@ class Line:
                 p.hset(self.keys.request(rid), "streamed", "1")
             p.xadd(res, {"e": orjson.dumps(event)})
             p.expire(res, self.result_ttl_s)
+            await p.execute()
+
+    async def emit_many(self, events: list[tuple[str, dict[str, Any], bool]]) -> None:
+        """`emit` for several requests at once, in one round trip: (rid, event,
+        first_stream_token) each. A round trip costs a worker far more CPU than
+        the commands in it, so a replica writes its streams' tokens together."""
+        async with self.redis.pipeline(transaction=any(first for _, _, first in events)) as p:
+            for rid, event, first in events:
+                res = self.keys.result(rid)
+                if first:
+                    p.hset(self.keys.request(rid), "streamed", "1")
+                p.xadd(res, {"e": orjson.dumps(event)})
+                p.expire(res, self.result_ttl_s)
             await p.execute()
 
     async def wait_for_work(self, timeout_s: float) -> None:

@@ -34,7 +34,7 @@ from fleet import metrics
 from fleet.config import FleetConfig, Priority, TierConfig
 from fleet.keys import TierKeys
 from fleet.latency import cold_start_s, per_replica_rate, service_s
-from fleet.line import Line
+from fleet.line import LUA_BY_CLASS, LUA_NOW, Line
 from fleet.policy import admit as decide_admission
 from fleet.policy import expected_startup_s, replica_concurrency, service_forecast
 from fleet.ratelimit import Limited, RateLimiter, Taken
@@ -50,21 +50,9 @@ ADMITTING_HOLD_MS = 5000
 # KEYS: line completions budget admitting ; ARGV: window_ms prefix member hold_ms
 # Returns: now_ms, waiting by class (4), being admitted by class (4), busy_ms,
 #          completions in window, completions while busy, budget exhausted, budget retry_at
-OBSERVE_AND_MARK = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function n2s(x) return string.format('%.0f', x) end
-local out = {n2s(now)}
-local oldest = now
-for rank = 0, 3 do
-  local lo, hi = n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15)
-  out[#out + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi)
-  local head = redis.call('ZRANGEBYSCORE', KEYS[1], lo, hi, 'LIMIT', 0, 1)
-  if #head > 0 then
-    local enq = tonumber(redis.call('HGET', ARGV[2] .. 'req:' .. head[1], 'enq') or now)
-    if enq < oldest then oldest = enq end
-  end
-end
+OBSERVE_AND_MARK = LUA_NOW + LUA_BY_CLASS + """
+local out = {n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}
+local oldest = oldest_enq
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now))
 local pend = {0, 0, 0, 0}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do

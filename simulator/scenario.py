@@ -50,12 +50,12 @@ import tempfile
 from datetime import datetime, time, timedelta
 from pathlib import Path
 from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fleet.config import CLASSES, DEFAULT_CONFIG, ConfigError, FleetConfig, load_config
+from fleet.config import CLASSES, DEFAULT_CONFIG, ConfigError, FleetConfig, load_config, valid_timezone
 
 REPO = DEFAULT_CONFIG.parent.parent
 
@@ -212,11 +212,7 @@ class ScenarioFile(_Strict):
     @field_validator("timezone")
     @classmethod
     def _tz(cls, v: str) -> str:
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {v!r}") from None
-        return v
+        return valid_timezone(v)
 
     @field_validator("deadlines_ms")
     @classmethod
