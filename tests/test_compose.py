@@ -164,3 +164,24 @@ def test_metrics_catalogue_lists_every_metric() -> None:
             assert f"`{obj._name}_total`" in doc, obj._name
         elif isinstance(obj, Histogram | Gauge):
             assert f"`{obj._name}`" in doc, obj._name
+
+
+def test_worker_image_runs_the_command_the_scaler_and_compose_give_it(compose: dict[str, Any]) -> None:
+    """The container's argv is ENTRYPOINT + command: the scaler passes ["fleet", "worker", ...], so an
+    ENTRYPOINT of its own would double it. The fixed worker entry reserves an NVIDIA GPU."""
+    from scaler.backends import Supervised, container_spec
+
+    text = (ROOT / "Dockerfile.worker").read_text()
+    entry = re.findall(r"^ENTRYPOINT\s+(.+)$", text, re.M)
+    entrypoint = json.loads(entry[-1]) if entry else []
+    cmd = container_spec("fleet", "fleet-worker:latest", Supervised(id="r1", tier="routing", backend="docker",
+                                                                     launched=0), {})["command"]
+    argv = entrypoint + cmd
+    assert argv[:2] == ["fleet", "worker"] and "worker" not in argv[2:], argv
+    # FLEET_CONFIG reaches the scaler's containers without a mount: the image must hold it.
+    assert re.search(r"^COPY\s+configs\s", text, re.M)
+    worker = compose["services"]["worker"]
+    assert worker["image"] == compose["services"]["worker-image"]["image"]
+    assert entrypoint + worker["command"][:2] == ["fleet", "worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)

@@ -21,9 +21,13 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from fleet import metrics
 from fleet.config import FleetConfig
+from fleet.ledger import Ledger
 from fleet.line import Claimed, Line
+from fleet.policy import replica_concurrency
 from workers.engines.base import Engine, EngineError, EngineRequest
+from workers.streaming import StreamWriter
 
 log = logging.getLogger("fleet.worker")
 
@@ -39,8 +43,12 @@ class Worker:
         self.redis = redis
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
         self.line = Line(redis, cfg.namespace, tier, result_ttl_s=cfg.result_ttl_s, rate_window_s=cfg.rate_window_s)
+        self.ledger = Ledger(redis, cfg.namespace, tier, self.tc)
         self.state = "starting"
         self.active: dict[str, asyncio.Task[None]] = {}
+        # The tokens of all streamed requests, written together.
+        self.streams = StreamWriter(self.line, cfg.stream_window_ms / 1000)
+        self.concurrency = self.tc.slots  # bounded by the KV cache once the engine has started
         self.completed = 0
         self.cold_start_s: float | None = None
         self.started_at = time.time()
@@ -56,6 +64,7 @@ class Worker:
             t0 = time.monotonic()
             await self.engine.start()
             self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
+            self.concurrency = self._concurrency()
             if not self._draining.is_set():
                 self.state = "ready"
             await self._heartbeat_once()
@@ -71,6 +80,9 @@ class Worker:
         finally:
             hb.cancel()
             await asyncio.gather(hb, return_exceptions=True)
+            with contextlib.suppress(Exception):  # the last seconds cost too; then nothing more for this id
+                await self.ledger.accrue(self.replica_id, self.state, self.started_at, final=True)
+            await self.streams.stop()
             await self.redis.hdel(self.line.keys.replicas, self.replica_id)
             await self.engine.stop()
 
@@ -81,9 +93,19 @@ class Worker:
 
     # --- claiming -------------------------------------------------------------
 
+    def _concurrency(self) -> int:
+        """Requests this replica runs at once: its slots, but no more than its KV cache holds at the
+        tier's typical request shape. What it cannot batch stays in the line, where the gateway's
+        admission and the scaler see it, instead of queueing unseen inside the engine."""
+        p = self.tc.sim
+        kv = getattr(self.engine, "kv_capacity_tokens", None)  # vLLM reports its own after start
+        if kv is None and self.engine_name == "sim":
+            kv = p.kv_capacity_tokens
+        return replica_concurrency(self.tc.slots, kv, p.typical_prompt_tokens + p.typical_output_tokens)
+
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():
-            free = self.tc.slots - len(self.active)
+            free = self.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -114,7 +136,10 @@ class Worker:
         t_first = t_last = 0.0
         parts: list[str] = []
         prompt_tokens = completion_tokens = 0
+        useful = False  # only a completion this worker recorded, within its deadline, is useful
         finish_reason = "stop"
+        if stream:
+            self.streams.open(c.rid, c.attempt)
         try:
             async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)):
                 async for d in self.engine.generate(req):
@@ -127,11 +152,11 @@ class Worker:
                         finish_reason = d.finish_reason
                     if stream:
                         if d.text:
-                            await self.line.emit(c.rid, {"t": "tok", "a": c.attempt, "x": d.text},
-                                                 first_stream_token=not parts)
-                            parts.append(d.text)
+                            self.streams.push(c.rid, d.text)
                     else:
                         parts.append(d.text)
+                if stream:
+                    await self.streams.close(c.rid)  # every token is in the result stream before the done event
             ttft = (t_first or time.monotonic()) - t0
             tpot = (t_last - t_first) / (completion_tokens - 1) if completion_tokens > 1 else 0.0
             done: dict[str, Any] = {"t": "done", "a": c.attempt, "fr": finish_reason, "pt": prompt_tokens,
@@ -141,7 +166,11 @@ class Worker:
                 done["x"] = "".join(parts)
             if await self.line.finish(c.rid, "completed", done, owner=self.replica_id,
                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
+                useful = True
                 self.completed += 1
+                metrics.TTFT.labels(self.tier).observe(ttft)
+                if completion_tokens > 1:  # one token has no time per output token
+                    metrics.TPOT.labels(self.tier).observe(tpot)
         except TimeoutError:
             await self.engine.abort(req.request_id)
             await self.line.finish(c.rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
@@ -153,7 +182,11 @@ class Worker:
             await self.engine.abort(req.request_id)
             raise
         except EngineError as e:
-            await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": e.type, "msg": str(e)},
+            # The engine refusing the request itself (too long for the context, ...) is the
+            # caller's fault: a 400 it must not retry. Anything else is the fleet's: 502.
+            status = 400 if e.type == "invalid_request_error" else 502
+            await self.line.finish(c.rid, "failed", {"t": "err", "status": status, "type": e.type,
+                                                     "code": e.code or e.type, "msg": str(e)},
                                    owner=self.replica_id)
         except Exception as e:  # an engine bug must not take the replica down with it
             log.exception("request %s failed in the engine", c.rid)
@@ -161,8 +194,13 @@ class Worker:
             await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": "engine_error",
                                                      "msg": f"{type(e).__name__}: {e}"}, owner=self.replica_id)
         finally:
+            self.streams.discard(c.rid)
             self.active.pop(c.rid, None)
             self._slot_freed.set()
+            # Every token generated is charged, useful or not (late, failed, cancelled).
+            with contextlib.suppress(Exception):
+                await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
+                                                completion_tokens, useful=useful)
 
     def _cancel(self, rid: str) -> None:
         task = self.active.get(rid)
@@ -182,10 +220,14 @@ class Worker:
     # --- heartbeat ------------------------------------------------------------
 
     async def _heartbeat_once(self) -> None:
-        beat = {"state": self.state, "slots": self.tc.slots, "in_use": len(self.active), "completed": self.completed,
+        metrics.WORKER_ACTIVE.labels(self.tier, self.replica_id).set(len(self.active))
+        metrics.WORKER_SLOTS.labels(self.tier, self.replica_id).set(self.concurrency)
+        beat = {"state": self.state, "slots": self.concurrency, "in_use": len(self.active), "completed": self.completed,
                 "cold_start_s": self.cold_start_s, "ts": time.time(), "started": self.started_at, "pid": os.getpid(),
                 "engine": self.engine_name}
         await self.redis.hset(self.line.keys.replicas, self.replica_id, orjson.dumps(beat))
+        # Replica-seconds by state into the spend ledger (idempotent: see fleet.ledger).
+        await self.ledger.accrue(self.replica_id, self.state, self.started_at)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -200,8 +242,14 @@ class Worker:
 
 
 async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: str, *,
-                     replica_id: str | None = None, time_scale: float = 1.0) -> None:
+                     replica_id: str | None = None, time_scale: float = 1.0, metrics_port: int | None = None,
+                     metrics_host: str = "127.0.0.1") -> None:
     from workers.engines import build_engine
+
+    if metrics_port is not None:  # Prometheus scrapes each replica here (a thread; the loop never serves it)
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=metrics_host)
 
     redis = Redis.from_url(redis_url)
     engine = build_engine(engine_name, cfg.tiers[tier], time_scale=time_scale)
