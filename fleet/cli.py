@@ -90,9 +90,9 @@ def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scal
     if tier not in cfg.tiers:
         click.echo(f"fleet: unknown tier {tier!r}; tiers are {', '.join(cfg.tiers)}", err=True)
         sys.exit(2)
-    asyncio.run(run_worker(cfg, tier, engine_name or cfg.tiers[tier].engine, _redis_url(),
-                           replica_id=replica_id, time_scale=time_scale, metrics_port=metrics_port,
-                           metrics_host=metrics_host))
+    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name or cfg.tiers[tier].engine, _redis_url(),
+                                    replica_id=replica_id, time_scale=time_scale, metrics_port=metrics_port,
+                                    metrics_host=metrics_host)))
 
 
 @main.command()

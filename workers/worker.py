@@ -50,6 +50,7 @@ class Worker:
         self.streams = StreamWriter(self.line, cfg.stream_window_ms / 1000)
         self.concurrency = self.tc.slots  # bounded by the KV cache once the engine has started
         self.completed = 0
+        self.failed: str | None = None  # why the replica gave up, if it did
         self.cold_start_s: float | None = None
         self.started_at = time.time()
         self._slot_freed = asyncio.Event()
@@ -62,7 +63,12 @@ class Worker:
         hb = asyncio.create_task(self._heartbeat_loop())
         try:
             t0 = time.monotonic()
-            await self.engine.start()
+            try:
+                await self.engine.start()
+            except EngineError:
+                raise
+            except Exception as e:  # any engine's bad model path, bad settings, missing GPU
+                raise EngineError(f"{type(e).__name__}: {e}", "engine_start_failed") from e
             self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
             self.concurrency = self._concurrency()
             if not self._draining.is_set():
@@ -84,7 +90,10 @@ class Worker:
                 await self.ledger.accrue(self.replica_id, self.state, self.started_at, final=True)
             await self.streams.stop()
             await self.redis.hdel(self.line.keys.replicas, self.replica_id)
-            await self.engine.stop()
+            try:
+                await self.engine.stop()
+            except Exception:  # an engine that never started may not stop cleanly either
+                log.exception("engine stop failed")
 
     def drain(self) -> None:
         self.state = "draining"
@@ -185,6 +194,12 @@ class Worker:
             # The engine refusing the request itself (too long for the context, ...) is the
             # caller's fault: a 400 it must not retry. Anything else is the fleet's: 502.
             status = 400 if e.type == "invalid_request_error" else 502
+            if e.code == "engine_dead" and self.failed is None:
+                # Nothing more will run here: stop claiming and exit non-zero, so the
+                # supervisor replaces the replica instead of it failing every request.
+                log.error("the engine died (%s): draining replica %s", e, self.replica_id)
+                self.failed = str(e)
+                self.drain()
             await self.line.finish(c.rid, "failed", {"t": "err", "status": status, "type": e.type,
                                                      "code": e.code or e.type, "msg": str(e)},
                                    owner=self.replica_id)
@@ -243,7 +258,8 @@ class Worker:
 
 async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: str, *,
                      replica_id: str | None = None, time_scale: float = 1.0, metrics_port: int | None = None,
-                     metrics_host: str = "127.0.0.1") -> None:
+                     metrics_host: str = "127.0.0.1") -> int:
+    """Run one replica until it drains; the exit code says whether it gave up."""
     from workers.engines import build_engine
 
     if metrics_port is not None:  # Prometheus scrapes each replica here (a thread; the loop never serves it)
@@ -260,5 +276,9 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: s
             loop.add_signal_handler(sig, worker.drain)
     try:
         await worker.run()
+    except EngineError as e:  # the engine could not start: say why, no traceback
+        log.error("replica %s: the %s engine failed to start: %s", worker.replica_id, engine_name, e)
+        return 1
     finally:
         await redis.aclose()
+    return 1 if worker.failed else 0
