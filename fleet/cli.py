@@ -142,6 +142,8 @@ def status(url: str, as_json: bool) -> None:
               help="Where replicas run: local processes, or Docker containers (GPU box).")
 @click.option("--image", default="fleet-gateway:latest", show_default=True, help="Worker image (--backend docker).")
 @click.option("--network", default=None, help="Docker network for the worker containers.")
+@click.option("--volume", "volumes", multiple=True, metavar="HOST:CONTAINER[:ro]",
+              help="Bind into every worker container (--backend docker): weights, the config. Repeatable.")
 @click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
               help="Engine for every replica (default: each tier's configured engine).")
 @click.option("--drain-grace", "drain_grace_s", default=300.0, show_default=True, type=float,
@@ -154,8 +156,8 @@ def status(url: str, as_json: bool) -> None:
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
 @click.option("--verbose", is_flag=True)
 def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, image: str, network: str | None,
-           engine_name: str | None, drain_grace_s: float, stop_replicas_on_exit: bool, metrics_port: int,
-           metrics_host: str, verbose: bool) -> None:
+           volumes: tuple[str, ...], engine_name: str | None, drain_grace_s: float, stop_replicas_on_exit: bool,
+           metrics_port: int, metrics_host: str, verbose: bool) -> None:
     """Run the scaler and its supervisor: size each tier on its line (one acts; others stand by)."""
     from scaler.loop import run_scaler
 
@@ -164,7 +166,7 @@ def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str,
     asyncio.run(run_scaler(cfg, _redis_url(), backend=backend, engine=engine_name, image=image, network=network,
                            tick_s=tick_s, lease_s=lease_s, drain_grace_s=drain_grace_s,
                            stop_replicas_on_exit=stop_replicas_on_exit, metrics_port=metrics_port or None,
-                           metrics_host=metrics_host, config_path=config_path))
+                           metrics_host=metrics_host, config_path=config_path, volumes=list(volumes)))
 
 
 @main.command()

@@ -150,12 +150,15 @@ def _pid_runs(pid: int, replica_id: str) -> bool:
 
 
 def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, str], *,
-                   network: str | None = None, engine: str | None = None) -> dict[str, Any]:
+                   network: str | None = None, engine: str | None = None,
+                   volumes: list[str] | None = None) -> dict[str, Any]:
     """The arguments of `docker.containers.run` for one replica (pure, so it is testable without a daemon).
 
     The GPUs go in as a device request: the container sees only those, so
     CUDA_VISIBLE_DEVICES inside is left to the NVIDIA runtime. The labels let
-    a restarted scaler find its containers again.
+    a restarted scaler find its containers again. `volumes` are Docker's
+    "HOST:CONTAINER[:ro]" binds: the weights and the operator's config must
+    reach the replica, not only the scaler.
     """
     spec: dict[str, Any] = {
         "image": image,
@@ -175,6 +178,8 @@ def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, s
         spec["device_requests"] = [DeviceRequest(device_ids=[str(i) for i in rec.gpus], capabilities=[["gpu"]])]
     if network:
         spec["network"] = network
+    if volumes:
+        spec["volumes"] = list(volumes)
     return spec
 
 
@@ -184,7 +189,7 @@ class DockerBackend:
     name = "docker"
 
     def __init__(self, namespace: str, image: str, env: dict[str, str], *, network: str | None = None,
-                 engine: str | None = None, client: Any = None) -> None:
+                 engine: str | None = None, volumes: list[str] | None = None, client: Any = None) -> None:
         if client is None:
             import docker
 
@@ -195,6 +200,7 @@ class DockerBackend:
         self.env = env
         self.network = network
         self.engine = engine
+        self.volumes = volumes or []
         self.host = socket.gethostname()
 
     def _get(self, rec: Supervised) -> Any:
@@ -208,7 +214,8 @@ class DockerBackend:
 
     def launch(self, rec: Supervised) -> None:
         c = self.client.containers.run(**container_spec(self.namespace, self.image, rec, self.env,
-                                                        network=self.network, engine=self.engine))
+                                                        network=self.network, engine=self.engine,
+                                                        volumes=self.volumes))
         rec.container, rec.host = c.id, self.host
 
     def alive(self, rec: Supervised) -> bool:

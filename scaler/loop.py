@@ -268,7 +268,8 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
                      image: str = "fleet-gateway:latest", network: str | None = None, tick_s: float = 1.0,
                      lease_s: float = 3.0, drain_grace_s: float = 300.0, stop_replicas_on_exit: bool = False,
                      metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-                     config_path: str | None = None, scaler_id: str | None = None) -> None:
+                     config_path: str | None = None, scaler_id: str | None = None,
+                     volumes: list[str] | None = None) -> None:
     from scaler.backends import Backend, DockerBackend, LocalBackend
     from scaler.placement import Placement, discover
 
@@ -286,7 +287,7 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
     be: Backend
     if backend == "docker":
         be = DockerBackend(cfg.namespace, image, {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
-                           network=network, engine=engine)
+                           network=network, engine=engine, volumes=volumes)
     else:
         be = LocalBackend(env, engine=engine)
     redis = Redis.from_url(redis_url)

@@ -61,7 +61,8 @@ def test_local_backend_puts_the_replica_on_its_gpus() -> None:
 def test_docker_spec_requests_the_gpus_and_labels_the_container() -> None:
     rec = Supervised(id="planner-ab", tier="planner", backend="docker", launched=0.0, gpus=(0, 1), gpu_gb=70)
     spec = container_spec("fleet", "fleet-gateway:latest", rec, {"REDIS_URL": "redis://redis:6379/0"},
-                          network="fleet", engine="vllm")
+                          network="fleet", engine="vllm", volumes=["/srv/models:/models:ro"])
+    assert spec["volumes"] == ["/srv/models:/models:ro"]
     assert spec["command"] == ["fleet", "worker", "--tier", "planner", "--replica-id", "planner-ab", "--engine", "vllm"]
     (req,) = spec["device_requests"]
     assert req["DeviceIDs"] == ["0", "1"] and req["Capabilities"] == [["gpu"]]
