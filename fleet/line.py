@@ -64,8 +64,8 @@ local function emit(res, ev, ttl)
 end
 """
 
-# KEYS: line seq bell counters arrivals req
-# ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms
+# KEYS: line seq bell counters arrivals req [admitting]
+# ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms [admitting member]
 ENQUEUE = LUA_NOW + """
 local seq = redis.call('INCR', KEYS[2])
 local score = n2s(tonumber(ARGV[2]) * 1e15 + seq)
@@ -79,6 +79,8 @@ redis.call('LTRIM', KEYS[3], 0, 63)
 redis.call('HINCRBY', KEYS[4], 'accepted', 1)
 redis.call('ZADD', KEYS[5], n2s(now), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - tonumber(ARGV[8])))
+-- The gateway's "being admitted" mark: the line counts the request from now on.
+if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[9]) end
 return {n2s(deadline), n2s(now)}
 """
 
@@ -248,13 +250,20 @@ class Line:
         self._observe = redis.register_script(OBSERVE)
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
-                      chain: str = "") -> int:
-        """Join the line; returns the absolute deadline on the Redis clock."""
+                      chain: str = "", admitting: tuple[str, str] | None = None) -> int:
+        """Join the line; returns the absolute deadline on the Redis clock.
+
+        `admitting` (key, member): the admission mark this request held, dropped
+        in the same step, so no instant counts it twice or not at all.
+        """
         k = self.keys
-        deadline, _ = await self._enqueue(
-            keys=[k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid)],
-            args=[rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s, self.window_ms],
-        )
+        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid)]
+        args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
+                           self.window_ms]
+        if admitting:
+            keys.append(admitting[0])
+            args.append(admitting[1])
+        deadline, _ = await self._enqueue(keys=keys, args=args)
         return int(deadline)
 
     async def claim(self, owner: str, n: int, lease_s: float) -> list[Claimed]:

@@ -177,15 +177,15 @@ class Ticket:
     closed: bool = False
 
     async def enqueue(self, line: Line, payload: bytes, chain: str = "") -> int:
-        """Join the line, then drop the being-admitted mark (the line now counts it)."""
+        """Join the line and drop the being-admitted mark in one step (the line now counts it)."""
         try:
-            return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain)
+            return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
+                                      admitting=(self.admitting_key, self.member))
         except BaseException:
-            await self.close(None)
-            raise
-        finally:
             with contextlib.suppress(Exception):
                 await self.redis.zrem(self.admitting_key, self.member)
+            await self.close(None)
+            raise
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request once: count its outcome; settle every reservation with the real usage
