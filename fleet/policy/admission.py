@@ -123,6 +123,12 @@ def predicted_wait_s(ahead: int, forecast: ServiceForecast, service_s: float) ->
     return queue_wait_s(ahead, forecast) + max(0.0, service_s)
 
 
+# The line drains at the forecast rate only on average. A Retry-After a little
+# long costs the caller a moment; one too short costs it a second refusal, and
+# teaches clients to ignore the header. So the drain estimate gets headroom.
+RETRY_HEADROOM = 1.25
+
+
 def _whole_seconds(s: float) -> int:
     # Retry-After is whole seconds; rounding up keeps it honest, and 0 would invite a storm.
     return max(1, math.ceil(s - 1e-9))
@@ -152,9 +158,10 @@ def admit(
     - the caller's deadline bounds the time to the last token.
 
     Retry-After: for the line, the time it needs to drain back under the
-    bound, excess / 1 (every second of draining takes a second off the
-    predicted wait, if nothing of a higher class arrives); for the budget,
-    the time until the window resets.
+    bound: every second of draining takes a second off the predicted wait,
+    if nothing of a higher class arrives, so the excess, with RETRY_HEADROOM
+    for a rate that is only an average; for the budget, the time until the
+    window resets.
     """
     in_line = queue_wait_s(ahead, forecast)
     done_in = in_line + max(0.0, service_s)
@@ -186,7 +193,7 @@ def admit(
                f"({floor:.2f} s" + (f", {forecast.delay_s:.1f} s of it start-up" if forecast.delay_s > 0 else "")
                + f") alone exceeds {what}")
     else:
-        retry = _whole_seconds(excess)
+        retry = _whole_seconds(excess * RETRY_HEADROOM)
         shown = done_in if reason == "deadline_unmeetable" else in_line
         why = (f"predicted {'time to finish' if reason == 'deadline_unmeetable' else 'wait in line'} {shown:.2f} s "
                f"({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds {what}")
