@@ -158,6 +158,20 @@ class Budget(_Strict):
     def _valid_timezone(cls, v: str) -> str:
         return valid_timezone(v)
 
+    @field_validator("windows")
+    @classmethod
+    def _unique_windows(cls, v: list[BudgetWindow]) -> list[BudgetWindow]:
+        # Spend is looked up by window name: two windows of one name would share (and
+        # misreport) their spend, and `daily` is the daily budget's own name.
+        seen: set[str] = set()
+        for w in v:
+            if w.name == "daily":
+                raise ValueError("window name 'daily' is reserved for the daily budget (daily_usd)")
+            if w.name in seen:
+                raise ValueError(f"window names must be unique: {w.name!r} appears twice")
+            seen.add(w.name)
+        return v
+
 
 class TierConfig(_Strict):
     aliases: list[str] = Field(default_factory=list)

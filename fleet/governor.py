@@ -33,12 +33,14 @@ from redis.asyncio import Redis
 from fleet import metrics as m
 from fleet.config import FleetConfig
 from fleet.keys import TierKeys
+from fleet.latency import cold_start_s
 from fleet.ledger import Ledger, Spend
 from fleet.policy.budget import (
     BudgetObservation,
     BudgetView,
     active_windows,
     budget_day,
+    budget_lead_s,
     cost_per_useful_million,
     judge,
 )
@@ -75,7 +77,15 @@ async def assess(redis: Redis, cfg: FleetConfig, tier: str, now: float) -> TierB
     replicas = await read_replicas(redis, keys, cfg.heartbeat_s, now)
     spent = {w.name: await ledger.spent_usd(w.start, now) for w in active_windows(tc.budget, now)}
     burn = await ledger.token_burn_usd_per_s(now)
-    view = judge(tc, BudgetObservation(now=now, replicas=len(replicas), spent_usd=spent, token_burn_usd_per_s=burn))
+    # The start-up the scaler last measured (it publishes it), else the engine model's:
+    # windows opening within the lead already bound the ceiling.
+    measured = await redis.hget(keys.scaler, "startup_s")
+    try:
+        startup = float(measured) if measured not in (None, b"", "") else cold_start_s(tc.sim)
+    except (TypeError, ValueError):
+        startup = cold_start_s(tc.sim)
+    view = judge(tc, BudgetObservation(now=now, replicas=len(replicas), spent_usd=spent, token_burn_usd_per_s=burn),
+                 lead_s=budget_lead_s(tc, startup))
     day_start, day_end = budget_day(tc.budget, now)
     day = await ledger.window(day_start, now)
     return TierBudget(view, day, day_start, day_end, now)
@@ -101,6 +111,21 @@ async def publish(redis: Redis, keys: TierKeys, view: BudgetView, now: float, tt
         await p.execute()
 
 
+PRUNE_EVERY_S = 600.0  # how often a governor drops the accrual marks of replicas long gone
+_pruned_at: dict[tuple[str, str], float] = {}  # (namespace, tier) -> when this process last pruned
+
+
+async def prune_marks(redis: Redis, cfg: FleetConfig, tier: str, now: float) -> int:
+    """Drop `ledger:beats` marks of replicas silent for an hour (each replica id leaves
+    one, and ids are never reused), at most every PRUNE_EVERY_S: without it the hash
+    grows for ever. A replica silent that long is charged afresh, capped at MAX_GAP_S."""
+    at = _pruned_at.get((cfg.namespace, tier))
+    if at is not None and now - at < PRUNE_EVERY_S:
+        return 0
+    _pruned_at[(cfg.namespace, tier)] = now
+    return await Ledger(redis, cfg.namespace, tier, cfg.tiers[tier]).forget_gone(now)
+
+
 async def govern(redis: Redis, cfg: FleetConfig, now: float | None = None) -> dict[str, BudgetView]:
     """One governor tick over every tier: judge and publish. Returns the views.
 
@@ -112,6 +137,7 @@ async def govern(redis: Redis, cfg: FleetConfig, now: float | None = None) -> di
     out: dict[str, BudgetView] = {}
     for tier in cfg.tiers:
         try:
+            await prune_marks(redis, cfg, tier, now)
             tb = await assess(redis, cfg, tier, now)
             await publish(redis, TierKeys(cfg.namespace, tier), tb.view, now, ttl)
             refresh_tier_metrics(tier, tb, [w.name for w in cfg.tiers[tier].budget.windows])

@@ -22,7 +22,6 @@ extend it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -108,12 +107,6 @@ def to_nano(usd: float) -> int:
 def worst_case_usd(prompt_tokens: int, max_tokens: int, usd_per_million: float) -> float:
     """The most a request may cost: its prompt estimate and every token it may generate."""
     return (max(0, prompt_tokens) + max(0, max_tokens)) * usd_per_million / 1e6
-
-
-def estimate_prompt_tokens(text: str, messages: int = 0) -> int:
-    """A tokenizer-free over-estimate: a token per three characters (English runs
-    near four) and a few per message for the chat template."""
-    return math.ceil(len(text) / 3) + 8 * messages
 
 
 class KeyBudget:

@@ -44,7 +44,7 @@ NANO = 1_000_000_000
 STATES = ("starting", "ready", "draining")
 KINDS = ("rs:starting", "rs:ready", "rs:draining", "usd", "usdt", "tok", "ctok", "useful")
 RETAIN_DAYS = 40  # day hashes expire after this; named windows and the day never reach back further
-MAX_GAP_S = 300.0  # a longer silence is not charged: the replica was not there to bill
+MAX_GAP_S = 300.0  # a longer silence is charged only this much (the last MAX_GAP_S before the beat that ends it)
 
 _NOW = """
 local t = redis.call('TIME')

@@ -85,17 +85,25 @@ return {n2s(deadline), n2s(now)}
 """
 
 # KEYS: line inflight counters
-# ARGV: n owner lease_ms prefix ttl_s
+# ARGV: n replica lease_ms prefix ttl_s
+# The lease's owner is "<replica>:<attempt>": a replica that stalled past its
+# lease and claimed the same request again must not renew, stream into or
+# finish the new attempt with the old one.
 CLAIM = LUA_NOW + _EVENT + """
 local out = {}
 local n = tonumber(ARGV[1])
-while #out < n do
+local pops = 0
+while #out < n and pops < 4 * n + 16 do
+  pops = pops + 1
   local head = redis.call('ZPOPMIN', KEYS[1])
   if #head == 0 then break end
   local rid = head[1]
   local req = ARGV[4] .. 'req:' .. rid
   local f = redis.call('HMGET', req, 'state', 'deadline', 'payload', 'attempt', 'enq', 'priority')
-  if f[1] == 'queued' then
+  if not f[1] then
+    -- Its hash outlived its deadline by the result TTL: it expired, unseen.
+    redis.call('HINCRBY', KEYS[3], 'expired', 1)
+  elseif f[1] == 'queued' then
     if tonumber(f[2]) <= now then
       -- A request whose deadline passed in the line never reaches an engine.
       redis.call('HSET', req, 'state', 'done', 'outcome', 'expired')
@@ -104,23 +112,24 @@ while #out < n do
         msg='deadline passed while waiting in the line'}), tonumber(ARGV[5]))
     else
       local attempt = tonumber(f[4]) + 1
-      redis.call('HSET', req, 'state', 'running', 'owner', ARGV[2], 'attempt', attempt, 'claimed', n2s(now))
+      local owner = ARGV[2] .. ':' .. attempt
+      redis.call('HSET', req, 'state', 'running', 'owner', owner, 'attempt', attempt, 'claimed', n2s(now))
       redis.call('ZADD', KEYS[2], n2s(now + tonumber(ARGV[3])), rid)
-      out[#out + 1] = {rid, f[3], attempt, n2s(tonumber(f[2]) - now), n2s(now - tonumber(f[5])), f[6]}
+      out[#out + 1] = {rid, f[3], attempt, n2s(tonumber(f[2]) - now), n2s(now - tonumber(f[5])), f[6], owner}
     end
   end
 end
 return out
 """
 
-# KEYS: inflight ; ARGV: owner lease_ms prefix rid...
+# KEYS: inflight ; ARGV: lease_ms prefix (rid owner)...
 RENEW = LUA_NOW + """
 local lost = {}
-for i = 4, #ARGV do
+for i = 3, #ARGV, 2 do
   local rid = ARGV[i]
-  local f = redis.call('HMGET', ARGV[3] .. 'req:' .. rid, 'state', 'owner')
-  if f[1] == 'running' and f[2] == ARGV[1] then
-    redis.call('ZADD', KEYS[1], 'XX', n2s(now + tonumber(ARGV[2])), rid)
+  local f = redis.call('HMGET', ARGV[2] .. 'req:' .. rid, 'state', 'owner')
+  if f[1] == 'running' and f[2] == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[1], 'XX', n2s(now + tonumber(ARGV[1])), rid)
   else
     lost[#lost + 1] = rid
   end
@@ -132,8 +141,8 @@ return lost
 # ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel
 FINISH = LUA_NOW + _EVENT + """
 local f = redis.call('HMGET', KEYS[5], 'state', 'owner')
-if not f[1] or f[1] == 'done' then return 0 end
-if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return 0 end
+if not f[1] or f[1] == 'done' then return '' end
+if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return '' end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[5], 'state', 'done', 'outcome', ARGV[2])
@@ -150,7 +159,30 @@ if f[1] == 'running' and ARGV[3] == '' then
   -- Someone other than the owner ended it (cancel, deadline): abort it in the engine.
   redis.call('PUBLISH', ARGV[9], ARGV[1])
 end
-return 1
+return f[1]
+"""
+
+# KEYS: inflight (only to route the call to the tier's slot; the rest share its hash tag)
+# ARGV: prefix ttl_s (rid owner first event)...
+# Tokens are written only while their writer still holds the lease, so a
+# replica whose lease was reaped cannot interleave its text with the next
+# attempt's. Returns the positions of the entries whose lease is gone.
+EMIT = """
+local lost = {}
+for i = 3, #ARGV, 4 do
+  local rid = ARGV[i]
+  local req = ARGV[1] .. 'req:' .. rid
+  local f = redis.call('HMGET', req, 'state', 'owner')
+  if f[1] == 'running' and f[2] == ARGV[i + 1] then
+    if ARGV[i + 2] == '1' then redis.call('HSET', req, 'streamed', '1') end
+    local res = ARGV[1] .. 'res:' .. rid
+    redis.call('XADD', res, '*', 'e', ARGV[i + 3])
+    redis.call('EXPIRE', res, tonumber(ARGV[2]))
+  else
+    lost[#lost + 1] = (i - 3) / 4
+  end
+end
+return lost
 """
 
 # KEYS: inflight line counters bell dead ; ARGV: prefix max_attempts ttl_s
@@ -208,6 +240,12 @@ class Claimed:
     remaining_ms: int  # time left to the deadline at claim, on the Redis clock
     waited_ms: int
     priority: str
+    owner: str  # this attempt's lease on the request: "<replica>:<attempt>"
+
+    @property
+    def lease(self) -> str:
+        """Names this attempt of this request uniquely within a replica."""
+        return f"{self.rid}@{self.owner}"
 
 
 @dataclass(slots=True)
@@ -248,6 +286,7 @@ class Line:
         self._finish = redis.register_script(FINISH)
         self._reap = redis.register_script(REAP)
         self._observe = redis.register_script(OBSERVE)
+        self._emit = redis.register_script(EMIT)
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
                       chain: str = "", admitting: tuple[str, str] | None = None) -> int:
@@ -266,30 +305,37 @@ class Line:
         deadline, _ = await self._enqueue(keys=keys, args=args)
         return int(deadline)
 
-    async def claim(self, owner: str, n: int, lease_s: float) -> list[Claimed]:
+    async def claim(self, replica: str, n: int, lease_s: float) -> list[Claimed]:
         if n <= 0:
             return []
         k = self.keys
         rows = await self._claim(keys=[k.line, k.inflight, k.counters],
-                                 args=[n, owner, int(lease_s * 1000), self.prefix, self.result_ttl_s])
+                                 args=[n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s])
         return [
             Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
-                    waited_ms=int(r[4]), priority=_s(r[5]))
+                    waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]))
             for r in rows
         ]
 
-    async def renew(self, owner: str, rids: list[str], lease_s: float) -> list[str]:
-        """Extend the leases of running requests; returns those this owner no longer holds."""
-        if not rids:
+    async def renew(self, held: list[tuple[str, str]], lease_s: float) -> list[str]:
+        """Extend the leases of running requests, (rid, owner) each; returns the rids no longer held."""
+        if not held:
             return []
-        lost = await self._renew(keys=[self.keys.inflight], args=[owner, int(lease_s * 1000), self.prefix, *rids])
+        args: list[Any] = [int(lease_s * 1000), self.prefix]
+        for rid, owner in held:
+            args += [rid, owner]
+        lost = await self._renew(keys=[self.keys.inflight], args=args)
         return [_s(r) for r in lost]
 
     async def finish(self, rid: str, outcome: str, event: dict[str, Any] | None = None, *, owner: str = "",
-                     prompt_tokens: int = 0, completion_tokens: int = 0) -> bool:
+                     prompt_tokens: int = 0, completion_tokens: int = 0) -> str | None:
         """End a request with one outcome. Only the first call for a request wins.
 
-        `owner` set: only if that worker still holds the lease (a worker whose
+        Returns the state it ended it from ("queued": no engine saw it;
+        "running": an engine had it), or None if it was already ended, or
+        `owner` no longer holds it.
+
+        `owner` set: only if that attempt still holds the lease (a worker whose
         lease was reaped must not complete a request someone else now runs).
         `owner` empty: the gateway ending it (cancel, deadline); a running
         request is then aborted in its engine through the cancel channel.
@@ -300,7 +346,7 @@ class Line:
             args=[rid, outcome, owner, orjson.dumps(event) if event else "", self.result_ttl_s, self.window_ms,
                   prompt_tokens, completion_tokens, k.cancel_channel],
         )
-        return bool(ok)
+        return _s(ok) or None
 
     async def reap(self, max_attempts: int = 3) -> tuple[int, int]:
         """Requeue requests whose lease expired; returns (requeued, lost)."""
@@ -321,33 +367,21 @@ class Line:
             counters={flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)},
         )
 
-    async def emit(self, rid: str, event: dict[str, Any], *, first_stream_token: bool = False) -> None:
-        """Append an event to the request's result stream.
+    async def emit(self, tokens: list[tuple[str, str, dict[str, Any], bool]]) -> list[int]:
+        """Append token events to result streams in one round trip: (rid, owner,
+        event, first) each. Returns the positions of the entries whose owner no
+        longer holds its lease (nothing was written for those).
 
-        The first streamed token also marks the request `streamed` in the same
-        transaction: from then on a lost worker means `worker_lost` for the
-        caller, never a silent rerun that would send tokens twice.
+        A request's first streamed token also marks it `streamed`, in the same
+        step: from then on a lost worker means `worker_lost` for the caller,
+        never a silent rerun that would send tokens twice.
         """
-        res = self.keys.result(rid)
-        async with self.redis.pipeline(transaction=first_stream_token) as p:
-            if first_stream_token:
-                p.hset(self.keys.request(rid), "streamed", "1")
-            p.xadd(res, {"e": orjson.dumps(event)})
-            p.expire(res, self.result_ttl_s)
-            await p.execute()
-
-    async def emit_many(self, events: list[tuple[str, dict[str, Any], bool]]) -> None:
-        """`emit` for several requests at once, in one round trip: (rid, event,
-        first_stream_token) each. A round trip costs a worker far more CPU than
-        the commands in it, so a replica writes its streams' tokens together."""
-        async with self.redis.pipeline(transaction=any(first for _, _, first in events)) as p:
-            for rid, event, first in events:
-                res = self.keys.result(rid)
-                if first:
-                    p.hset(self.keys.request(rid), "streamed", "1")
-                p.xadd(res, {"e": orjson.dumps(event)})
-                p.expire(res, self.result_ttl_s)
-            await p.execute()
+        if not tokens:
+            return []
+        args: list[Any] = [self.prefix, self.result_ttl_s]
+        for rid, owner, event, first in tokens:
+            args += [rid, owner, "1" if first else "0", orjson.dumps(event)]
+        return [int(i) for i in await self._emit(keys=[self.keys.inflight], args=args)]
 
     async def wait_for_work(self, timeout_s: float) -> None:
         """Block until an enqueue rings the bell or the timeout passes."""

@@ -31,12 +31,12 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 
 from fleet import metrics
-from fleet.config import FleetConfig, Priority, TierConfig
+from fleet.config import FleetConfig, Priority
 from fleet.keys import TierKeys
-from fleet.latency import cold_start_s, per_replica_rate, service_s
+from fleet.latency import cold_start_s, per_replica_rate
 from fleet.line import LUA_BY_CLASS, LUA_NOW, Line
 from fleet.policy import admit as decide_admission
-from fleet.policy import expected_startup_s, replica_concurrency, service_forecast
+from fleet.policy import expected_service_s, expected_startup_s, service_forecast
 from fleet.ratelimit import Limited, RateLimiter, Taken
 from fleet.replicas import read_replicas
 from gateway.auth import Caller
@@ -173,6 +173,7 @@ class Ticket:
     redis: Redis
     admitting_key: str
     member: str
+    request_key: str  # the request's hash in the line: did an engine ever take it?
     reservations: list[Reservation] = field(default_factory=list)
     closed: bool = False
 
@@ -188,14 +189,25 @@ class Ticket:
             raise
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
-        """End the request once: count its outcome; settle every reservation with the real usage
-        when it completed, release them otherwise. Later calls do nothing."""
+        """End the request once: count its outcome and end every reservation. Later calls do nothing.
+
+        Completed: settle with the real usage. Cancelled or expired after an engine
+        took it: the engine made tokens the gateway cannot count, so settle at the
+        worst case reserved (otherwise hanging up just before the end would make
+        any call free for the key's budget and limits). Anything else (refused,
+        never claimed, failed by the fleet): release.
+        """
         if self.closed:
             return
         self.closed = True
         if outcome is not None:
             metrics.REQUESTS.labels(self.req.tier, self.req.priority.name, outcome).inc()
-        await _end(self.reservations, usage if outcome == "completed" else None)
+        settle_with = usage if outcome == "completed" else None
+        if outcome in ("cancelled", "expired") and self.reservations:
+            attempt = await self.redis.hget(self.request_key, "attempt")
+            if attempt is not None and int(attempt) > 0:
+                settle_with = Usage(self.req.prompt_tokens, self.req.max_tokens)
+        await _end(self.reservations, settle_with)
 
 
 async def _end(reservations: Sequence[Reservation], usage: Usage | None) -> None:
@@ -323,7 +335,8 @@ class Admission:
             completions_while_busy=comp_busy,
         )
         decision = decide_admission(
-            req.priority, ahead=ahead, forecast=forecast, service_s=expected_service_s(tc, req),
+            req.priority, ahead=ahead, forecast=forecast,
+            service_s=expected_service_s(tc, req.prompt_tokens, req.expected_output_tokens),
             wait_limit_s=tc.wait_limit(req.priority), deadline_s=req.deadline_ms / 1000,
             budget_exhausted=exhausted,
             budget_retry_in_s=float(retry_at) - now_ms / 1000 if retry_at else None,
@@ -332,14 +345,7 @@ class Admission:
             with contextlib.suppress(Exception):
                 await self.redis.zrem(k.admitting, member)
             raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s)
-        return Ticket(req, self.redis, k.admitting, member)
-
-
-def expected_service_s(tc: TierConfig, req: AdmissionRequest) -> float:
-    """This request's own service time on a busy replica of its tier (full batch, its tokens)."""
-    p = tc.sim
-    batch = replica_concurrency(tc.slots, p.kv_capacity_tokens, p.typical_prompt_tokens + p.typical_output_tokens)
-    return service_s(p, req.prompt_tokens, req.expected_output_tokens, batch)
+        return Ticket(req, self.redis, k.admitting, member, k.request(req.rid))
 
 
 def estimate_prompt_tokens(payload: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -101,6 +102,11 @@ def validate(model: type[BaseModel], raw: Any) -> Any:
         raise APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
 
 
+# A day: longer than any call should wait, short enough that what a request holds
+# in Redis (its hash, its reservations) expires in a day at the latest.
+MAX_DEADLINE_MS = 86_400_000
+
+
 def parse_deadline(request: Request, default_ms: int) -> int:
     raw = request.headers.get("x-deadline-ms")
     if raw is None:
@@ -109,9 +115,9 @@ def parse_deadline(request: Request, default_ms: int) -> int:
         ms = int(raw)
     except ValueError:
         ms = 0
-    if ms <= 0:
-        raise APIError(400, f"X-Deadline-Ms must be a positive whole number of milliseconds, got {raw!r}",
-                       param="X-Deadline-Ms", code="invalid_deadline")
+    if not 0 < ms <= MAX_DEADLINE_MS:
+        raise APIError(400, f"X-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}, "
+                       f"got {raw!r}", param="X-Deadline-Ms", code="invalid_deadline")
     return ms
 
 
@@ -238,8 +244,13 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             await ticket.close("completed", _usage_of(first))
             return _json(_final_body(kind, rid, body.model, created, first), headers=headers)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(ticket.close("failed"))  # a no-op if already closed
+            with anyio.CancelScope(shield=True):
+                # Whatever broke here (Redis away, the client gone), the request must not
+                # run on with nobody to read it: end it in the line too. No-ops if ended.
+                with contextlib.suppress(Exception):
+                    await line.finish(rid, "failed")
+                with contextlib.suppress(Exception):
+                    await ticket.close("failed")
             raise
 
     return app
@@ -311,12 +322,15 @@ async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | Co
             ev = await stream.__anext__()
         yield b"data: [DONE]\n\n"
     finally:
-        if not finished:
-            # The client left mid-stream: abort the work in its engine. Shielded,
-            # because this runs while the response task is being cancelled.
+        # The response task may be being cancelled (the client left): Starlette cancels
+        # it through an anyio scope, which would cancel every await here again, so the
+        # clean-up runs in a shielded scope of its own.
+        with anyio.CancelScope(shield=True):
+            if not finished:
+                # The client left mid-stream: abort the work in its engine.
+                with contextlib.suppress(Exception):
+                    await line.finish(rid, "cancelled")
             with contextlib.suppress(Exception):
-                await asyncio.shield(line.finish(rid, "cancelled"))
-        with contextlib.suppress(Exception):
-            await asyncio.shield(ticket.close(*end))
-        with contextlib.suppress(Exception):
-            await stream.aclose()  # type: ignore[attr-defined]
+                await ticket.close(*end)
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]

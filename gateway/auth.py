@@ -70,6 +70,7 @@ class KeyRing:
         self.configured = [(bytes.fromhex(k.sha256.strip().lower()), k) for k in keys]
         self.stored: list[tuple[bytes, ApiKey]] = []
         self.keys = list(self.configured)
+        self.sealed = False  # it had keys once and lost them all: refuse everyone rather than open up
 
     async def refresh(self, redis: Redis, namespace: str) -> None:
         """Reload the keys stored in Redis; a bad entry is skipped and named, never fatal."""
@@ -81,6 +82,11 @@ class KeyRing:
             except (ValidationError, ValueError) as e:
                 log.error("stored API key %r is invalid and ignored: %s", digest, e)
         was_open = self.open
+        if not stored and self.stored and not self.configured:
+            # The last stored key vanished: revoked, or Redis lost its data. Falling open
+            # would hand everyone admin; a gateway that was ever closed stays closed.
+            log.error("no API keys are left in Redis; the gateway stays closed (restart it to run open)")
+            self.sealed = True
         self.stored = stored
         self.keys = self.configured + stored
         if was_open != self.open:
@@ -98,7 +104,7 @@ class KeyRing:
 
     @property
     def open(self) -> bool:
-        return not self.keys
+        return not self.keys and not self.sealed
 
     def authenticate(self, authorization: str | None) -> Caller:
         """The caller behind an Authorization header, or 401 invalid_api_key."""

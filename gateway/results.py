@@ -11,6 +11,10 @@ from redis.asyncio import Redis
 
 from fleet.line import Line
 
+# After the deadline, how long to wait for the final event before answering without it.
+GIVE_UP_AFTER_S = 5.0
+_unlinks: set[asyncio.Task[Any]] = set()
+
 
 class ClientGone(Exception):
     """The caller disconnected."""
@@ -35,6 +39,12 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
                 expired_sent = True
                 await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
                                                    "msg": "deadline passed before the request finished"})
+            if left < -GIVE_UP_AFTER_S:
+                # The final event never came (the request's keys are gone: an evicting
+                # or restarted Redis). The caller still gets its answer, not a hang.
+                yield {"t": "err", "status": 504, "type": "deadline_exceeded",
+                       "msg": "deadline passed and the request's result was lost"}
+                return
             block_ms = max(1, min(int(left * 1000) + 1, 5000)) if left > 0 else 1000
             resp = await redis.xread({key: last}, block=block_ms, count=256)
             if not resp:
@@ -46,8 +56,10 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
                 if ev["t"] in ("done", "err"):
                     return
     finally:
-        # Read, so drop it now rather than at its TTL.
-        asyncio.get_running_loop().create_task(redis.unlink(key))
+        # Read, so drop it now rather than at its TTL, off the caller's path.
+        task = asyncio.get_running_loop().create_task(redis.unlink(key))
+        _unlinks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(_unlinks.discard)
 
 
 async def wait_disconnect(receive: Any) -> None:

@@ -223,12 +223,22 @@ class DockerBackend:
         return c is not None and c.status in ("created", "running", "restarting")
 
     def terminate(self, rec: Supervised) -> None:
-        if (c := self._get(rec)) is not None and c.status == "running":
+        if (c := self._get(rec)) is None:
+            return
+        if c.status == "running":
             c.kill(signal="SIGTERM")
+        elif c.status != "exited":  # never got to run (created) or is looping: nothing to drain
+            c.remove(force=True)
 
     def kill(self, rec: Supervised) -> None:
-        if (c := self._get(rec)) is not None and c.status == "running":
+        if (c := self._get(rec)) is None:
+            return
+        if c.status == "running":
             c.kill()
+        elif c.status != "exited":
+            # created, restarting, paused: kill does not apply (or does not stick) and the
+            # container would count as alive for ever. Remove it; `alive` then says gone.
+            c.remove(force=True)
 
     def cleanup(self, rec: Supervised) -> None:
         if (c := self._get(rec)) is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from fleet import metrics
-from fleet.config import FleetConfig
+from fleet.config import FleetConfig, TierConfig
 from fleet.governor import govern
 from fleet.keys import TierKeys, scaler_leader_key
 from fleet.latency import cold_start_s, per_replica_rate
@@ -72,6 +72,9 @@ class Scaler:
         self.leader = False
         self.calm_since: dict[str, float | None] = {}
         self.measured: dict[str, deque[float]] = {t: deque(maxlen=MEASURED_KEPT) for t in cfg.tiers}
+        # Start-ups that timed out ran at least this long: until one is measured, the
+        # expected start-up is no shorter (the sim profile's may be far off a real engine's).
+        self.startup_at_least: dict[str, float] = {}
         self.last_written: dict[str, tuple[str, str]] = {}
 
     # --- the loop -------------------------------------------------------------------
@@ -112,7 +115,14 @@ class Scaler:
         except Exception:  # the last published judgement (or none) stands; scaling goes on
             log.exception("budget governor tick failed")
         for tier in self.cfg.tiers:
-            await self.tick_tier(tier)
+            if not self.leader:  # lost the lease mid-tick (checked before each start and drain)
+                return
+            try:  # one tier's failure (a launch error, a bad record) must not stop the tiers after it
+                await self.tick_tier(tier)
+            except Exception as e:
+                log.exception("scaler tick failed for %s", tier)
+                with contextlib.suppress(Exception):
+                    await self._event(ReplicaEvent(tier, "", "tick_failed", f"{type(e).__name__}: {e}"))
 
     async def _take_over(self) -> None:
         for tier in self.cfg.tiers:
@@ -129,7 +139,8 @@ class Scaler:
     def expected_startup(self, tier: str, heartbeats: list[Replica]) -> float:
         """Launch to ready as measured here; else the engines' own cold starts; else the model."""
         seen = list(self.measured[tier]) or [r.cold_start_s for r in heartbeats if r.cold_start_s is not None]
-        return expected_startup_s(seen, cold_start_s(self.cfg.tiers[tier].sim))
+        expected = expected_startup_s(seen, cold_start_s(self.cfg.tiers[tier].sim))
+        return expected if seen else max(expected, self.startup_at_least.get(tier, 0.0))
 
     async def tick_tier(self, tier: str) -> ScaleDecision:
         tc = self.cfg.tiers[tier]
@@ -137,7 +148,8 @@ class Scaler:
         snap = await self.lines[tier].observe()
         heartbeats = await read_replicas(self.redis, k, self.cfg.heartbeat_s)
         startup = self.expected_startup(tier, heartbeats)
-        events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"}, startup, tier)
+        events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"}, startup, tier,
+                                            beating_ids={r.id for r in heartbeats})
         gone = {e.replica for e in events if e.event in ("died", "drained")}
         heartbeats = [r for r in heartbeats if r.id not in gone]
         for ev in events:
@@ -157,6 +169,8 @@ class Scaler:
         # Start early by the start-up plus two ticks, so the replicas are resident when the window opens.
         prewarm = active_prewarm(tc.prewarm, orders, now, startup + 2 * self.tick_s, tc.budget.timezone)
         have = count["ready"] + count["starting"]
+        # Room left beside every replica holding GPUs; draining ones are booked too, and
+        # the policy subtracts them from the ceiling itself, so they count in it here.
         room = self.supervisor.placement.room(tc.gpus_per_replica, tc.gpu_memory_gb)
         served = rate(snap.completions_in_window, self.cfg.rate_window_s)
         state = TierState(
@@ -165,8 +179,8 @@ class Scaler:
             ready=count["ready"], starting=count["starting"], draining=count["draining"],
             per_replica_rate=effective_per_replica_rate(per_replica_rate(tc.sim, tc.slots), served, count["ready"],
                                                         snap.waiting, snap.oldest_wait_s, self.cfg.rate_window_s),
-            startup_s=startup, prewarm_floor=prewarm.floor, budget_ceiling=await self._budget_ceiling(k),
-            gpu_ceiling=None if room is None else have + room, calm_since=self.calm_since.get(tier),
+            startup_s=startup, prewarm_floor=prewarm.floor, budget_ceiling=await self._budget_ceiling(k, tc, have),
+            gpu_ceiling=gpu_ceiling(have, count["draining"], room), calm_since=self.calm_since.get(tier),
         )
         d = decide_tier(state, tc, now)
         self.calm_since[tier] = d.calm_since
@@ -183,16 +197,33 @@ class Scaler:
         await self._publish(k, tier, d, note, now, prewarm, startup, count)
         return d
 
-    async def _budget_ceiling(self, k: TierKeys) -> int | None:
+    async def _budget_ceiling(self, k: TierKeys, tc: TierConfig, have: int) -> int | None:
         """The budget governor's ceiling (`fleet.governor`); none published: the budget does not bound."""
-        c = _float(await self.redis.hget(k.budget, "ceiling"))
-        return max(0, int(c)) if c is not None and math.isfinite(c) else None
+        judged = await self.redis.hmget(k.budget, "ceiling", "ts")
+        return budget_ceiling_of(_float(judged[0]), judged[1] is not None, _has_budget(tc), have)
+
+    async def _lease_ok(self) -> bool:
+        """Renew the lease before acting: a launch can block for seconds, and a scaler that
+        lost the lease meanwhile must not start or drain what the new leader manages."""
+        if await self.lease.hold():
+            return True
+        self.leader = False
+        log.warning("%s lost the lease mid-tick; standing by", self.id)
+        self.supervisor.forget()
+        return False
 
     async def _execute(self, tier: str, d: ScaleDecision, heartbeats: list[Replica]) -> str:
         if d.action == "scale_out":
             started = 0
             for _ in range(d.delta):
-                rec = await self.supervisor.start(tier)
+                if not await self._lease_ok():
+                    return f" (started {started}; lease lost)"
+                try:
+                    rec = await self.supervisor.start(tier)
+                except Exception as e:  # the backend could not launch: say so, try again next tick
+                    log.exception("%s: launch failed", tier)
+                    await self._event(ReplicaEvent(tier, "", "launch_failed", f"{type(e).__name__}: {e}"))
+                    return f" (started {started}; launch failed: {type(e).__name__})"
                 if rec is None:
                     break
                 started += 1
@@ -206,6 +237,8 @@ class Scaler:
             if not candidates:
                 return " (no replica this supervisor can drain)"
             victim = min(candidates, key=lambda r: (r.in_use, -r.started))
+            if not await self._lease_ok():
+                return " (lease lost)"
             await self.supervisor.drain(victim.id)
             return f" (draining {victim.id}, {victim.in_use} in flight)"
         return ""
@@ -238,6 +271,10 @@ class Scaler:
         metrics.REPLICA_EVENTS.labels(ev.tier, ev.event).inc()
         if ev.startup_s is not None:
             self.measured[ev.tier].append(ev.startup_s)
+        if ev.at_least_s is not None:
+            self.startup_at_least[ev.tier] = max(self.startup_at_least.get(ev.tier, 0.0), ev.at_least_s)
+        if ev.event in ("launch_failed", "tick_failed"):
+            await self.redis.hincrby(k.scaler, "launch_failures" if ev.event == "launch_failed" else "tick_failures", 1)
         if ev.event in ("died", "start_timeout", "lost"):
             await self.redis.hincrby(k.scaler, "deaths" if ev.event != "start_timeout" else "start_timeouts", 1)
             log.warning("%s: replica %s %s: %s", ev.tier, ev.replica, ev.event, ev.detail)
@@ -245,6 +282,26 @@ class Scaler:
             await self.redis.xadd(k.decisions, {"kind": "event", "event": ev.event, "replica": ev.replica,
                                                 "reason": ev.detail, "at": time.time(), "scaler": self.id},
                                   maxlen=STREAM_MAXLEN, approximate=True)
+
+
+def gpu_ceiling(have: int, draining: int, room: int | None) -> int | None:
+    """The most replicas the GPUs can hold: every replica holding GPUs (ready,
+    starting, and draining until it leaves) plus the room left. `decide_tier`
+    takes the draining ones off the ceiling itself, so they belong in it."""
+    return None if room is None else have + draining + room
+
+
+def _has_budget(tc: TierConfig) -> bool:
+    return tc.hourly_usd > 0 and (tc.budget.daily_usd is not None or bool(tc.budget.windows))
+
+
+def budget_ceiling_of(published: float | None, judged: bool, has_budget: bool, have: int) -> int | None:
+    """The budget ceiling to decide with. No fresh judgement for a tier with a budget
+    (the governor is failing and its hash expired) must not mean "unbounded": then
+    the tier may keep what it has, but not grow, until the governor answers again."""
+    if judged:
+        return max(0, int(published)) if published is not None and math.isfinite(published) else None
+    return have if has_budget else None
 
 
 def _float(v: bytes | str | None) -> float | None:

@@ -10,6 +10,7 @@ never waited on forever), drained, killed_after_grace.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -19,7 +20,7 @@ from redis.asyncio import Redis
 
 from fleet.config import FleetConfig
 from fleet.keys import TierKeys
-from fleet.policy import start_timeout_s
+from fleet.policy import start_timeout_s, wedged
 from scaler.backends import Backend, Supervised
 from scaler.placement import Placement
 
@@ -30,9 +31,10 @@ log = logging.getLogger("fleet.scaler.supervisor")
 class ReplicaEvent:
     tier: str
     replica: str
-    event: str  # started | ready | drained | died | start_timeout | killed_after_grace | lost
+    event: str  # started | ready | drained | died | start_timeout | killed_after_grace | lost | launch_failed
     detail: str
     startup_s: float | None = None  # for `ready`: launch to ready, as measured here
+    at_least_s: float | None = None  # for `start_timeout`: the start-up is longer than this (a lower bound)
 
 
 class Supervisor:
@@ -44,6 +46,8 @@ class Supervisor:
         self.placement = placement
         self.drain_grace_s = drain_grace_s
         self.records: dict[str, Supervised] = {}
+        self.start_timeouts: dict[str, int] = {}  # tier -> consecutive start timeouts (each doubles the limit)
+        self.last_beat: dict[str, float] = {}  # replica -> when a live heartbeat was last seen
 
     def keys(self, tier: str) -> TierKeys:
         return TierKeys(self.cfg.namespace, tier)
@@ -88,6 +92,7 @@ class Supervisor:
         """Lost the lease: stop managing, without touching a replica (the new leader adopts them)."""
         self.records.clear()
         self.placement.booked.clear()
+        self.last_beat.clear()
 
     # --- actions --------------------------------------------------------------------
 
@@ -100,8 +105,8 @@ class Supervisor:
             return None
         rec = Supervised(id=rid, tier=tier, backend=self.backend.name, launched=time.time(), gpus=gpus,
                          gpu_gb=tc.gpu_memory_gb if gpus else 0.0)
-        try:
-            self.backend.launch(rec)
+        try:  # a launch can block for seconds (pulling, creating a container): off the event loop
+            await asyncio.to_thread(self.backend.launch, rec)
         except Exception:
             self.placement.release(rid)
             raise
@@ -115,7 +120,7 @@ class Supervisor:
         rec = self.records.get(rid)
         if rec is None or rec.state in ("draining", "stopping"):
             return False
-        self.backend.terminate(rec)
+        await asyncio.to_thread(self.backend.terminate, rec)
         rec.state, rec.drain_at = "draining", time.time()
         await self._save(rec)
         log.info("draining %s", rid)
@@ -123,14 +128,20 @@ class Supervisor:
 
     # --- watching -------------------------------------------------------------------
 
-    async def poll(self, ready_ids: set[str], startup_s: float = 0.0, tier: str | None = None) -> list[ReplicaEvent]:
+    async def poll(self, ready_ids: set[str], startup_s: float = 0.0, tier: str | None = None, *,
+                   beating_ids: set[str] | None = None) -> list[ReplicaEvent]:
         """Check the replicas (of one tier, or all) once. `ready_ids`: replicas whose
-        heartbeat says ready; `startup_s`: the expected start-up (for the start timeout)."""
+        heartbeat says ready; `startup_s`: the expected start-up (for the start timeout);
+        `beating_ids`: replicas with a live heartbeat in any state (None: not observed,
+        so neither a wedged replica nor a loading one can be told apart)."""
         now = time.time()
         events: list[ReplicaEvent] = []
         for rec in list(self.records.values()):
             if tier is not None and rec.tier != tier:
                 continue
+            if beating_ids is not None and (rec.id in beating_ids or rec.id in ready_ids):
+                self.last_beat[rec.id] = now
+            self.last_beat.setdefault(rec.id, now)  # first seen (started, adopted): its beats are still due
             if not self.backend.alive(rec):
                 self.backend.cleanup(rec)
                 await self._remove(rec)
@@ -152,19 +163,35 @@ class Supervisor:
                     rec.state, rec.ready_at = "ready", now
                     await self._save(rec)
                     took = now - rec.launched
+                    self.start_timeouts[rec.tier] = 0
                     events.append(ReplicaEvent(rec.tier, rec.id, "ready", f"ready after {took:.1f} s", took))
                 else:
-                    limit = start_timeout_s(startup_s)
-                    if now - rec.launched > limit:
+                    loading = beating_ids is not None and rec.id in beating_ids
+                    limit = start_timeout_s(startup_s, self.start_timeouts.get(rec.tier, 0), beating=loading)
+                    took = now - rec.launched
+                    if took > limit:
                         self.backend.kill(rec)
                         rec.state = "stopping"
                         await self._save(rec)
+                        # The next start of this tier gets twice as long: the expected
+                        # start-up may be the sim model's, not this engine's.
+                        self.start_timeouts[rec.tier] = self.start_timeouts.get(rec.tier, 0) + 1
                         events.append(ReplicaEvent(rec.tier, rec.id, "start_timeout",
-                                                   f"not ready after {limit:.0f} s; stopped"))
+                                                   f"not ready after {limit:.0f} s; stopped", at_least_s=took))
+            elif (rec.state == "ready" and beating_ids is not None and rec.id not in beating_ids
+                  and wedged(self.last_beat[rec.id], now, self.cfg.heartbeat_s)):
+                # Alive to the backend but silent: wedged. It must not count as ready for
+                # ever; killed, it is reported died and replaced as a dead replica is.
+                self.backend.kill(rec)
+                rec.state = "stopping"
+                await self._save(rec)
+                events.append(ReplicaEvent(rec.tier, rec.id, "died", f"no heartbeat for "
+                                           f"{now - self.last_beat[rec.id]:.0f} s while ready; killed"))
         return events
 
     async def _remove(self, rec: Supervised) -> None:
         self.records.pop(rec.id, None)
+        self.last_beat.pop(rec.id, None)
         self.placement.release(rec.id)
         k = self.keys(rec.tier)
         # A killed worker cannot remove its own heartbeat; without this it would
@@ -174,8 +201,6 @@ class Supervisor:
 
     async def stop_all(self, grace_s: float) -> None:
         """Drain every replica, wait up to `grace_s` for them to leave, kill the rest."""
-        import asyncio
-
         for rid in list(self.records):
             await self.drain(rid)
         end = time.monotonic() + grace_s

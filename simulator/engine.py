@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.config import CLASSES, TierConfig
 from fleet.latency import cold_start_s, decode_step_s, kv_tokens, per_replica_rate, prefill_s
 from fleet.policy import rate, seconds_to_drain
-from fleet.policy.budget import BudgetObservation, BudgetView, judge
+from fleet.policy.budget import BudgetObservation, BudgetView, budget_lead_s, judge
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 
 if TYPE_CHECKING:
@@ -553,7 +553,8 @@ class Simulator:
             spent = {name: tier.spend_usd - tier.spend_at(s0 - self.sc.start_epoch, self.tick_s)
                      for name, s0 in starts.items()}
             return judge(tier.tc, BudgetObservation(now=now, replicas=tier.alive(), spent_usd=spent,
-                                                    token_burn_usd_per_s=burn))
+                                                    token_burn_usd_per_s=burn),
+                         lead_s=budget_lead_s(tier.tc, tier.cold_start))
 
         # The windows in force rarely change between ticks: judge with last tick's, and
         # again only when the judgement shows a window has opened or closed.

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleet.config import Priority, TierConfig
-from fleet.latency import service_s
 from fleet.policy import (
     ScaleDecision,
     TierState,
@@ -26,8 +25,9 @@ from fleet.policy import (
     admit,
     decide_tier,
     effective_per_replica_rate,
+    expected_service_s,
     expected_startup_s,
-    replica_concurrency,
+    service_batch,
     service_forecast,
 )
 from fleet.policy.budget import BudgetView
@@ -82,13 +82,6 @@ def tier_state(tc: TierConfig, obs: Observation, *, rate_window_s: float, prewar
         gpu_ceiling=None, calm_since=calm_since)
 
 
-def admission_batch(tc: TierConfig) -> int:
-    """The batch a call's own service time is judged at: a busy replica's, as the gateway
-    takes it (`gateway.admission.expected_service_s`, which the simulator may not import)."""
-    p = tc.sim
-    return replica_concurrency(tc.slots, p.kv_capacity_tokens, p.typical_prompt_tokens + p.typical_output_tokens)
-
-
 _PRIORITIES = tuple(Priority)
 
 
@@ -127,8 +120,8 @@ class OurPolicy(SimPolicy):
         exhausted = view is not None and view.exhausted
         retry_in = view.retry_at - sim.sc.epoch(t) if exhausted and view is not None and view.retry_at else None
         batch, limits = self._tier_constants(tier)
-        d = admit(prio, ahead=ahead, forecast=forecast, service_s=service_s(tier.profile, call.prompt, call.output,
-                                                                           batch),
+        d = admit(prio, ahead=ahead, forecast=forecast,
+                  service_s=expected_service_s(tier.tc, call.prompt, call.output, batch),
                   wait_limit_s=limits[call.cls], deadline_s=deadline_s, budget_exhausted=exhausted,
                   budget_retry_in_s=retry_in)
         return None if d.admitted else d.reason
@@ -137,7 +130,7 @@ class OurPolicy(SimPolicy):
         """Per tier, read once from the config: the admission batch and the wait limit by class."""
         c = self.constants.get(tier.name)
         if c is None:
-            c = self.constants[tier.name] = (admission_batch(tier.tc),
+            c = self.constants[tier.name] = (service_batch(tier.tc),
                                              tuple(tier.tc.wait_limit(p) for p in _PRIORITIES))
         return c
 

@@ -76,7 +76,8 @@ def test_bad_input_gets_typed_errors_never_500(up: Fleet) -> None:
     big = b'{"model":"routing","messages":[{"role":"user","content":"' + b"x" * 1_100_000 + b'"}]}'
     r = httpx.post(u, content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
-    for hdr, code in (({"x-priority": "urgent"}, "invalid_priority"), ({"x-deadline-ms": "soon"}, "invalid_deadline")):
+    for hdr, code in (({"x-priority": "urgent"}, "invalid_priority"), ({"x-deadline-ms": "soon"}, "invalid_deadline"),
+                      ({"x-deadline-ms": "9" * 25}, "invalid_deadline"), ({"x-deadline-ms": "-5"}, "invalid_deadline")):
         r = httpx.post(u, json={"model": "routing", "messages": [{"role": "user", "content": "x"}]}, headers=hdr)
         assert r.status_code == 400 and r.json()["error"]["code"] == code
     with pytest.raises(openai.NotFoundError) as e:
@@ -180,6 +181,9 @@ def test_client_that_leaves_mid_stream_aborts_the_engine(fleet: Fleet) -> None:
     wait_until(lambda: orjson.loads(fleet.r.hget(fleet.keys("analysis").replicas, rid))["in_use"] == 0, 5,
                what="slot released")
     assert fleet.counters("analysis").get("completed", 0) == 0
+    # The gateway closed the request too (its counters agree with the line's).
+    wait_until(lambda: 'fleet_requests_total{outcome="cancelled",priority="interactive",tier="analysis"} 1.0'
+               in httpx.get(f"{fleet.base_url}/metrics").text, 5, what="the gateway's cancelled count")
 
 
 def test_deadline_passed_in_line_is_504_and_never_reaches_engine(fleet: Fleet) -> None:

@@ -51,6 +51,10 @@ def test_keys_added_and_revoked_at_run_time(fleet: Fleet) -> None:
     wait_until(lambda: _call(fleet, scout).status_code == 401, 10, what="revoked key refused")
     assert _call(fleet, admin, priority="committed").status_code == 200
     assert _fleet(fleet, "revoke", "nobody").returncode == 1
+    # The last key gone (revoked, or Redis lost it): the gateway does not fall open.
+    assert _fleet(fleet, "revoke", "ops").returncode == 0
+    wait_until(lambda: _call(fleet, admin).status_code == 401, 10, what="revoked admin refused")
+    assert _call(fleet).status_code == 401
 
 
 def test_a_bad_stored_key_is_skipped_not_fatal(fleet: Fleet) -> None:

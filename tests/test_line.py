@@ -56,28 +56,28 @@ async def test_expired_lease_requeues_at_head_of_class(line: Line) -> None:
     assert await line.reap() == (1, 0)
     again = await line.claim("w2", 2, 5)
     assert [c.rid for c in again] == [a, b]  # back ahead of what arrived after it
-    assert again[0].attempt == 2
+    assert again[0].attempt == 2 and again[0].owner == "w2:2"
     # The dead worker's late completion is refused: exactly once.
-    assert not await line.finish(a, "completed", {"t": "done"}, owner="dead-worker")
-    assert await line.finish(a, "completed", {"t": "done"}, owner="w2")
+    assert not await line.finish(a, "completed", {"t": "done"}, owner=ca.owner)
+    assert await line.finish(a, "completed", {"t": "done"}, owner=again[0].owner) == "running"
     snap = await line.observe()
     assert snap.counters["completed"] == 1 and snap.counters["requeued"] == 1
 
 
 async def test_renewed_lease_is_not_reaped(line: Line) -> None:
     [rid] = await _put(line, Priority.committed)
-    await line.claim("w", 1, lease_s=0.3)
+    [c] = await line.claim("w", 1, lease_s=0.3)
     for _ in range(4):
         await asyncio.sleep(0.15)
-        assert await line.renew("w", [rid], 0.3) == []
+        assert await line.renew([(rid, c.owner)], 0.3) == []
         assert await line.reap() == (0, 0)
-    assert await line.renew("other", [rid], 0.3) == [rid]  # not its lease
+    assert await line.renew([(rid, "other:1")], 0.3) == [rid]  # not its lease
 
 
 async def test_streamed_request_is_not_rerun_but_lost(line: Line) -> None:
     [rid] = await _put(line, Priority.interactive)
-    await line.claim("w", 1, lease_s=0.05)
-    await line.emit(rid, {"t": "tok", "a": 1, "x": "hello"}, first_stream_token=True)
+    [c] = await line.claim("w", 1, lease_s=0.05)
+    assert await line.emit([(rid, c.owner, {"t": "tok", "a": 1, "x": "hello"}, True)]) == []  # all written
     await asyncio.sleep(0.1)
     assert await line.reap() == (0, 1)
     entries = await line.redis.xrange(line.keys.result(rid))
@@ -100,10 +100,10 @@ async def test_every_accepted_request_has_exactly_one_outcome(line: Line) -> Non
     ids = await _put(line, Priority.interactive, 8)
     claimed = await line.claim("w", 4, 5)
     for c in claimed[:2]:
-        assert await line.finish(c.rid, "completed", owner="w")
-    assert await line.finish(claimed[2].rid, "cancelled")
-    assert await line.finish(claimed[3].rid, "failed", owner="w")
-    assert await line.finish(ids[4], "cancelled")  # still in the line
+        assert await line.finish(c.rid, "completed", owner=c.owner)
+    assert await line.finish(claimed[2].rid, "cancelled") == "running"  # an engine had it
+    assert await line.finish(claimed[3].rid, "failed", owner=claimed[3].owner)
+    assert await line.finish(ids[4], "cancelled") == "queued"  # still in the line: no engine saw it
     assert await line.finish(ids[5], "expired")
     for rid in ids[:6]:  # second endings are refused
         assert not await line.finish(rid, "completed")
@@ -124,6 +124,14 @@ async def test_cancel_of_running_request_reaches_its_worker(line: Line) -> None:
         msg = msg or await pubsub.get_message(timeout=0.1)
     assert msg and msg["data"] == rid.encode()
     await pubsub.aclose()
+
+
+async def test_a_request_whose_hash_expired_in_the_line_still_gets_its_outcome(line: Line) -> None:
+    [rid] = await _put(line, Priority.interactive)
+    await line.redis.delete(line.keys.request(rid))  # as its TTL would, the gateway long gone
+    assert await line.claim("w", 5, 5) == []
+    c = (await line.observe()).counters
+    assert c["accepted"] == 1 and c["expired"] == 1
 
 
 async def test_all_keys_of_a_tier_share_one_hash_tag(line: Line) -> None:

@@ -14,6 +14,7 @@ from fleet.policy.budget import (
     BudgetObservation,
     budget_ceiling,
     budget_day,
+    budget_lead_s,
     cost_per_useful_million,
     daily_window,
     judge,
@@ -92,6 +93,14 @@ def test_bad_budget_config_names_the_field(tmp_path) -> None:  # type: ignore[no
         p = tmp_path / "f.yaml"
         p.write_text(f"tiers:\n  t:\n    budget:\n      {line}\n")
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_config(p)
+    # Spend is kept by window name: a name may appear once, and `daily` is the daily budget's.
+    for windows, why in [("[{name: open, cron: '25 8 * * *', duration_s: 60, usd: 1},"
+                          " {name: open, cron: '0 14 * * *', duration_s: 60, usd: 1}]", "unique"),
+                         ("[{name: daily, cron: '25 8 * * *', duration_s: 60, usd: 1}]", "reserved")]:
+        p = tmp_path / "f.yaml"
+        p.write_text(f"tiers:\n  t:\n    budget:\n      windows: {windows}\n")
+        with pytest.raises(ConfigError, match=rf"tiers\.t\.budget\.windows.*{why}"):
             load_config(p)
 
 
@@ -172,3 +181,34 @@ def test_judge_without_budget_or_with_per_token_burn() -> None:
     assert not calm.exhausted and calm.ceiling is None  # replicas are free here: no cap
     hot = judge(tc, BudgetObservation(now=now, replicas=4, spent_usd={"daily": 40.0}, token_burn_usd_per_s=0.01))
     assert hot.exhausted and hot.projected_usd == pytest.approx(40.0 + 36.0)
+
+
+def test_a_window_about_to_open_bounds_the_ceiling_ahead_of_it() -> None:
+    """The planner at 08:24:30 ran 6 under the daily ceiling of 9; at 08:25 the open
+    ($60 for 95 min: 3 replicas) opened and the tier was suddenly 3 over. Now the open
+    bounds the ceiling from a lead before it opens, without shedding anything yet."""
+    tc = TierConfig(hourly_usd=9.80, max_replicas=6, scale_in_hold_s=120,
+                    budget=Budget(daily_usd=1500, timezone="America/New_York", windows=OPEN))
+    lead = budget_lead_s(tc, 20.0)
+    assert lead == 140.0
+    obs = BudgetObservation(now=at(2026, 11, 3, 8, 24, 30), replicas=6, spent_usd={"daily": 100.0})
+    blind = judge(tc, obs)  # no lead: as before, only the daily binds
+    assert blind.ceiling is not None and blind.ceiling >= 6 and not blind.capped
+    v = judge(tc, obs, lead_s=lead)
+    assert v.ceiling == 3 and v.capped and v.window == "open"
+    assert not v.exhausted  # nothing is shed by a window that has not opened
+    assert "opens in 30 s" in v.reason and "allows 3" in v.reason
+    assert [w.name for w in v.upcoming] == ["open"] and [w.name for w in v.windows] == ["daily"]
+    # Outside the lead the open does not bind; once open it binds as an active window.
+    early = judge(tc, BudgetObservation(now=at(2026, 11, 3, 8, 20), replicas=6, spent_usd={"daily": 100.0}),
+                  lead_s=lead)
+    assert early.ceiling != 3 and not early.upcoming
+    opened = judge(tc, BudgetObservation(now=at(2026, 11, 3, 8, 25, 1), replicas=3,
+                                         spent_usd={"daily": 100.0, "open": 0.0}), lead_s=lead)
+    assert opened.ceiling == 3 and {w.name for w in opened.windows} == {"daily", "open"}
+    # The next budget day bounds the ceiling too, as the reset approaches.
+    tight = TierConfig(hourly_usd=10.0, max_replicas=8, scale_in_hold_s=120,
+                       budget=Budget(daily_usd=480, reset_at="06:00", timezone="America/New_York"))
+    late = judge(tight, BudgetObservation(now=at(2026, 11, 3, 5, 59), replicas=1, spent_usd={"daily": 0.0}),
+                 lead_s=lead)
+    assert late.ceiling == 2 and [w.name for w in late.upcoming] == ["daily"]  # $480 a day at $240 a replica-day

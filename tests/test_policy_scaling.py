@@ -128,7 +128,9 @@ def test_above_a_lowered_ceiling_the_tier_steps_down_by_the_same_careful_rules()
     assert (d.action, d.delta, d.code) == ("scale_in", -1, "budget")
     assert d.reason == "scale_in: calm 31 s >= 30 s, 6 -> 5 (floor 2, above the ceiling 3 (budget))"
     assert decide_tier(dataclasses.replace(busy, starting=1), CFG, NOW).reason == "hold: 1 starting"
-    assert decide_tier(dataclasses.replace(busy, waiting=4, service_rate=40.0), CFG, NOW).code == "line"
+    # A queued line does not keep the tier above its ceiling: the step drains, the rest serve the line.
+    queued = decide_tier(dataclasses.replace(busy, waiting=400, oldest_wait_s=9.0, service_rate=40.0), CFG, NOW)
+    assert (queued.action, queued.delta, queued.code) == ("scale_in", -1, "budget")
     assert decide_tier(dataclasses.replace(busy, calm_since=NOW - 5), CFG, NOW).code == "hold_period"
     # Never below the floor, whatever the budget.
     assert decide_tier(state(ready=2, budget_ceiling=0, calm_since=NOW - 99), CFG, NOW).action == "hold"
@@ -294,7 +296,8 @@ def test_invariants(case: tuple[TierState, TierConfig, float]) -> None:
         assert again.action != "scale_out" and again.delta <= 0
     elif d.action == "scale_in":
         assert d.delta == -1  # at most one per step
-        assert s.starting == 0 and s.waiting == 0  # never while starting, only with an empty line
+        assert s.starting == 0  # never while starting
+        assert s.waiting == 0 or have > ceiling  # only with an empty line, unless above the ceiling
         assert have - 1 >= floor  # never below the floor
         assert s.calm_since is not None and now - s.calm_since >= cfg.scale_in_hold_s
         assert d.code == "idle" or have > ceiling  # for lack of demand, or above a lowered ceiling
@@ -366,3 +369,27 @@ def test_draining_replicas_count_against_the_ceiling() -> None:
                   per_replica_rate=10.0, startup_s=5.0, draining=1)
     d = decide_tier(s, cfg, now=0.0)
     assert d.action == "capped" and d.delta == 0 and "1 draining" in d.reason
+
+
+def test_a_busy_line_does_not_hold_the_tier_above_a_lowered_ceiling() -> None:
+    """The reviewer's replay: the planner burst to 6, then the budget ceiling fell to 3
+    with committed work queued; it used to answer `hold: line not empty` forever."""
+    cfg = TierConfig(warm_floor=1, max_replicas=6, drain_threshold_s=2.0, scale_in_hold_s=120)
+    ready, calm, steps = 6, None, []
+    for t in range(0, 600):
+        s = TierState(waiting=300, oldest_wait_s=8.0, arrival_rate=60.0, service_rate=ready * 10.0, ready=ready,
+                      starting=0, per_replica_rate=10.0, startup_s=20.0, prewarm_floor=3, budget_ceiling=3,
+                      calm_since=calm)
+        d = decide_tier(s, cfg, NOW + t)
+        calm = d.calm_since
+        assert d.action in ("hold", "scale_in", "capped") and d.delta <= 0  # never adds above the ceiling
+        if d.action == "scale_in":
+            assert d.delta == -1
+            ready -= 1
+            steps.append(t)
+    assert ready == 3  # back under the ceiling, not below it
+    assert steps == [120, 240, 360]  # one at a time, a hold period apart
+    # Never while a replica starts, even above the ceiling.
+    s = TierState(waiting=300, oldest_wait_s=8.0, arrival_rate=60.0, service_rate=60.0, ready=5, starting=1,
+                  per_replica_rate=10.0, startup_s=20.0, budget_ceiling=3, calm_since=NOW - 999)
+    assert decide_tier(s, cfg, NOW).reason == "hold: 1 starting"

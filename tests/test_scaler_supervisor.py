@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, GpuInventory, TierConfig
 from fleet.keys import TierKeys
+from fleet.policy import ScaleDecision
 from scaler.backends import LocalBackend, Supervised
 from scaler.placement import Placement, discover
 from scaler.supervisor import Supervisor
@@ -120,3 +121,89 @@ async def test_a_new_leader_adopts_running_replicas_and_drops_dead_records(redis
     old.backend.children[live.id].wait(5)
     assert await until_gone(new) == ["drained"]
     old.backend.cleanup(live)
+
+
+async def test_a_start_timeout_doubles_the_next_limit_and_a_loading_replica_is_not_killed(redis: Redis) -> None:
+    """The sim profile said 2 s (limit 14 s) but the engine takes a minute: every start
+    was killed at 14 s for ever. Now each timeout doubles the tier's limit, the timed-out
+    start is a lower bound on the start-up, and a replica still beating `starting` is left
+    to load."""
+    cfg = config(f"t{uuid.uuid4().hex[:8]}")
+    sup = supervisor(redis, cfg, StandIn())
+    a = await sup.start("planner")
+    assert a is not None
+    a.launched -= 15
+    (ev,) = await sup.poll(set(), startup_s=2.0, tier="planner", beating_ids=set())
+    assert ev.event == "start_timeout" and "after 14 s" in ev.detail
+    assert ev.at_least_s is not None and ev.at_least_s >= 15
+    b = await sup.start("planner")
+    assert b is not None
+    b.launched -= 15  # past the first limit, within the doubled one (28 s)
+    assert await sup.poll(set(), startup_s=2.0, tier="planner", beating_ids=set()) == []
+    b.launched -= 60  # 75 s: past 28 s, but its heartbeat says starting: it is loading
+    assert await sup.poll(set(), startup_s=2.0, tier="planner", beating_ids={b.id}) == []
+    (ev,) = await sup.poll(set(), startup_s=2.0, tier="planner", beating_ids=set())  # silent: stopped
+    assert ev.event == "start_timeout" and "after 28 s" in ev.detail
+    # A start that reaches ready resets the doubling.
+    c = await sup.start("planner")
+    assert c is not None
+    assert [e.event for e in await sup.poll({c.id}, startup_s=2.0, tier="planner", beating_ids={c.id})] == ["ready"]
+    assert sup.start_timeouts["planner"] == 0
+    await sup.stop_all(5)
+
+
+async def test_a_ready_replica_whose_heartbeat_stops_is_killed_and_reported_died(redis: Redis) -> None:
+    """Wedged: the process lives but beats no more. It used to count as ready for ever."""
+    cfg = config(f"t{uuid.uuid4().hex[:8]}")  # heartbeat 0.25 s: wedged after 2 * (0.75 + 1) = 3.5 s silent
+    sup = supervisor(redis, cfg, StandIn())
+    rec = await sup.start("planner")
+    assert rec is not None
+    assert [e.event for e in await sup.poll({rec.id}, tier="planner", beating_ids={rec.id})] == ["ready"]
+    assert await sup.poll(set(), tier="planner", beating_ids=set()) == []  # a missed beat is not yet wedged
+    assert await sup.poll(set(), tier="planner") == []  # unobserved heartbeats judge nothing
+    sup.last_beat[rec.id] -= 10
+    (ev,) = await sup.poll(set(), tier="planner", beating_ids=set())
+    assert (ev.replica, ev.event) == (rec.id, "died") and "no heartbeat" in ev.detail
+    assert rec.state == "stopping"
+    assert await until_gone(sup, rec.id) == []  # killed: it leaves without a second report
+    assert sup.placement.room(2, 70) == 2
+
+
+async def test_one_tiers_launch_failure_does_not_stop_the_others(redis: Redis) -> None:
+    """A tier whose launches raise used to end the tick before the tiers after it."""
+    from scaler.loop import Scaler
+
+    class Broken(StandIn):
+        def launch(self, rec: Supervised) -> None:
+            if rec.tier == "alpha":
+                raise RuntimeError("no such image")
+            super().launch(rec)
+
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    cfg = FleetConfig.model_construct(namespace=ns, tiers={"alpha": TierConfig(warm_floor=1),
+                                                           "beta": TierConfig(warm_floor=1)},
+                                      gpus=[], heartbeat_s=0.25)
+    sup = supervisor(redis, cfg, Broken())
+    scaler = Scaler(cfg, redis, sup, tick_s=0.1, lease_s=5.0)
+    try:
+        await scaler.step()
+        assert [r.tier for r in sup.records.values()] == ["beta"]
+        events = [{k.decode(): v.decode() for k, v in f.items()}
+                  for _, f in await redis.xrange(TierKeys(ns, "alpha").decisions)]
+        failed = [e for e in events if e.get("event") == "launch_failed"]
+        assert failed and "no such image" in failed[0]["reason"]
+        assert await redis.hget(TierKeys(ns, "alpha").scaler, "launch_failures") == b"1"
+        # Lost the lease to another scaler: it stops acting before the next start.
+        await redis.set(scaler.lease.key, "someone-else")
+        await sup.stop_all(5)
+        assert await scaler._execute("beta", _order_one(), []) == " (started 0; lease lost)"
+        assert not scaler.leader and not sup.records
+    finally:
+        await sup.stop_all(5)
+        await redis.delete(scaler.lease.key)
+
+
+def _order_one() -> ScaleDecision:
+
+    return ScaleDecision(action="scale_out", delta=1, reason="scale_out: test", code="floor", floor=1, ceiling=4,
+                         ceiling_by="max_replicas", desired=1, drain_s=0.0, calm_since=None)

@@ -10,11 +10,12 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from fleet.config import GpuInventory
+from fleet.config import Budget, BudgetWindow, GpuInventory, TierConfig
 from fleet.keys import TierKeys
 from fleet.prewarm import add_order, parse_duration, read_orders
-from scaler.backends import LocalBackend, Supervised, container_spec
+from scaler.backends import DockerBackend, LocalBackend, Supervised, container_spec
 from scaler.lease import Lease
+from scaler.loop import _has_budget, budget_ceiling_of, gpu_ceiling
 from scaler.placement import Placement, discover
 
 # --- CUDA-aware placement -----------------------------------------------------------------
@@ -124,3 +125,108 @@ async def test_prewarm_orders_expire_and_are_pruned(redis_url: str) -> None:
         await r.delete(keys.prewarm)
         await r.aclose()
 
+
+
+# --- Ceilings the loop hands the policy -------------------------------------------------------
+
+
+def test_gpu_ceiling_counts_draining_replicas_once() -> None:
+    """Four 80 GB GPUs, one planner (2 GPUs) ready and one draining: no room left. The
+    ceiling is 2 and `decide_tier` takes the draining one off it: 1 may run, which is
+    what runs. The old `have + room` = 1 took the draining one off twice, leaving 0."""
+    from fleet.policy import TierState, decide_tier
+
+    placement = Placement(discover([GpuInventory(index=i, memory_gb=80) for i in range(4)])[0])
+    placement.book("ready", (0, 1), 70)
+    placement.book("draining", (2, 3), 70)
+    room = placement.room(2, 70)
+    assert room == 0 and gpu_ceiling(1, 1, room) == 2 and gpu_ceiling(1, 1, None) is None
+    placement.release("draining")
+    assert gpu_ceiling(1, 0, placement.room(2, 70)) == 2  # it left: room for one more
+    # A busy tier with one ready and one draining holds (capped), it does not step down.
+    s = TierState(waiting=50, oldest_wait_s=5, arrival_rate=20.0, service_rate=5.0, ready=1, starting=0,
+                  per_replica_rate=5.0, startup_s=5.0, draining=1, gpu_ceiling=gpu_ceiling(1, 1, room),
+                  calm_since=0.0)
+    d = decide_tier(s, TierConfig(warm_floor=1, max_replicas=4, scale_in_hold_s=0), 1000.0)
+    assert (d.action, d.ceiling) == ("capped", 2)
+
+
+def test_budget_fails_closed_to_what_runs_when_the_governor_is_silent() -> None:
+    budgeted = TierConfig(hourly_usd=9.8, budget=Budget(daily_usd=100))
+    windowed = TierConfig(hourly_usd=9.8, budget=Budget(windows=[BudgetWindow(name="open", cron="* * * * *",
+                                                                               duration_s=60, usd=1)]))
+    free = TierConfig(hourly_usd=9.8)
+    assert _has_budget(budgeted) and _has_budget(windowed) and not _has_budget(free)
+    assert not _has_budget(TierConfig(hourly_usd=0.0, budget=Budget(daily_usd=100)))  # replicas cost nothing
+    # Judged: the published ceiling (none published: unbounded).
+    assert budget_ceiling_of(3.0, True, True, 5) == 3
+    assert budget_ceiling_of(None, True, True, 5) is None
+    # No fresh judgement: a budgeted tier keeps what it has but does not grow; others are unbounded.
+    assert budget_ceiling_of(None, False, True, 5) == 5
+    assert budget_ceiling_of(None, False, False, 5) is None
+
+
+# --- Docker states ------------------------------------------------------------------------
+
+
+class _Container:
+    def __init__(self, status: str) -> None:
+        self.status, self.id, self.attrs = status, "c1", {"State": {"ExitCode": 0}}
+        self.calls: list[str] = []
+
+    def kill(self, signal: str = "SIGKILL") -> None:
+        self.calls.append(f"kill {signal}")
+        self.status = "exited"
+
+    def remove(self, force: bool = False) -> None:
+        self.calls.append("remove")
+        self.status = "removed"
+
+
+class _Client:
+    def __init__(self, c: _Container) -> None:
+        self.c = c
+        self.containers = self
+
+    def get(self, _name: str) -> _Container:
+        from docker.errors import NotFound
+
+        if self.c.status == "removed":
+            raise NotFound("gone")
+        return self.c
+
+
+@pytest.mark.parametrize("status", ["created", "restarting", "paused"])
+def test_docker_kill_and_terminate_end_a_container_that_is_not_running(status: str) -> None:
+    """A container stuck in `created` counted as alive and could never be killed."""
+    rec = Supervised(id="planner-ab", tier="planner", backend="docker", launched=0.0, container="c1")
+    for stop in ("kill", "terminate"):
+        c = _Container(status)
+        be = DockerBackend("fleet", "img", {}, client=_Client(c))
+        assert be.alive(rec) == (status != "paused")
+        getattr(be, stop)(rec)
+        assert c.calls == ["remove"] and not be.alive(rec)
+    running = _Container("running")
+    be = DockerBackend("fleet", "img", {}, client=_Client(running))
+    be.kill(rec)
+    assert running.calls == ["kill SIGKILL"]
+
+
+async def test_the_governor_prunes_marks_of_replicas_long_gone(redis_url: str) -> None:
+    """`ledger:beats` kept one mark per replica id for ever; the governor now prunes it."""
+    from fleet.config import FleetConfig
+    from fleet.governor import govern
+
+    r = Redis.from_url(redis_url)
+    cfg = FleetConfig.model_construct(namespace=f"t{uuid.uuid4().hex[:8]}", tiers={"routing": TierConfig()},
+                                      gpus=[], heartbeat_s=0.25)
+    keys = TierKeys(cfg.namespace, "routing")
+    now = time.time()
+    try:
+        await r.hset(keys.ledger_beats, mapping={"old": f"{int((now - 7200) * 1000)}|gone|1",
+                                                 "live": f"{int((now - 5) * 1000)}|ready|2"})
+        await govern(r, cfg, now)
+        assert set(await r.hkeys(keys.ledger_beats)) == {b"live"}
+    finally:
+        await r.delete(keys.ledger_beats)
+        await r.aclose()

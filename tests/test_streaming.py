@@ -1,5 +1,6 @@
 """The replica's stream writer on a real Redis: every token arrives once, in order, before the
-final event; the first token is not held back; many streams share few round trips."""
+final event; the first token is not held back; many streams share few round trips; an attempt
+whose lease is gone writes nothing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
-from fleet.line import Line
-from workers.streaming import StreamWriter
+from fleet.line import Claimed, Line
+from workers.streaming import LeaseLost, StreamWriter
 
 
 class CountingLine(Line):
@@ -20,9 +21,9 @@ class CountingLine(Line):
 
     writes = 0
 
-    async def emit_many(self, events):  # type: ignore[no-untyped-def]
+    async def emit(self, tokens):  # type: ignore[no-untyped-def]
         self.writes += 1
-        await super().emit_many(events)
+        return await super().emit(tokens)
 
 
 @pytest.fixture
@@ -32,60 +33,64 @@ async def line(redis_url: str):
     await r.aclose()
 
 
+async def running(line: Line, n: int = 1, lease_s: float = 5) -> list[Claimed]:
+    """n requests claimed by replica `w`: streams can only be written while a lease is held."""
+    for _ in range(n):
+        await line.enqueue(uuid.uuid4().hex, Priority.interactive, orjson.dumps({}), 30_000)
+    return await line.claim("w", n, lease_s)
+
+
 async def texts(line: Line, rid: str) -> list[str]:
     return [orjson.loads(f[b"e"])["x"] for _, f in await line.redis.xrange(line.keys.result(rid))]
 
 
 async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> None:
-    counting = line
-    w = StreamWriter(counting, window_s=0.05)
-    rids = [uuid.uuid4().hex for _ in range(4)]
-    for rid in rids:
-        w.open(rid, 1)
+    w = StreamWriter(line, window_s=0.05)
+    reqs = await running(line, 4)
+    for c in reqs:
+        w.open(c.lease, c.rid, c.owner, c.attempt)
 
-    async def decode(rid: str) -> None:
+    async def decode(c: Claimed) -> None:
         for i in range(40):  # a token every 2 ms, like a busy engine
-            w.push(rid, f"{i} ")
+            w.push(c.lease, f"{i} ")
             await asyncio.sleep(0.002)
-        await w.close(rid)
+        await w.close(c.lease)
 
-    await asyncio.gather(*(decode(rid) for rid in rids))
-    for rid in rids:
-        got = await texts(counting, rid)
+    await asyncio.gather(*(decode(c) for c in reqs))
+    for c in reqs:
+        got = await texts(line, c.rid)
         assert "".join(got) == "".join(f"{i} " for i in range(40))
         assert got[0] == "0 "  # the first token went out alone, at once
-        assert await counting.redis.hget(counting.keys.request(rid), "streamed") == b"1"
-        w.discard(rid)
+        assert await line.redis.hget(line.keys.request(c.rid), "streamed") == b"1"
+        w.discard(c.lease)
     # 160 tokens; a write per token would be 160 round trips.
-    assert counting.writes < 40
+    assert line.writes < 40
     await w.stop()
 
 
 async def test_first_token_is_not_held_for_the_window(line: Line) -> None:
     w = StreamWriter(line, window_s=5.0)
-    a, b = uuid.uuid4().hex, uuid.uuid4().hex
-    w.open(a, 1)
-    w.push(a, "x")  # starts a long window after its write
+    a, b = await running(line, 2)
+    w.open(a.lease, a.rid, a.owner, a.attempt)
+    w.push(a.lease, "x")  # starts a long window after its write
     await asyncio.sleep(0.05)
-    w.open(b, 1)
-    w.push(b, "y")
-    await asyncio.wait_for(w.close(b), 1.0)  # b's first token (and its close) cut a's window short
-    assert await texts(line, b) == ["y"]
-    await asyncio.wait_for(w.close(a), 1.0)
+    w.open(b.lease, b.rid, b.owner, b.attempt)
+    w.push(b.lease, "y")
+    await asyncio.wait_for(w.close(b.lease), 1.0)  # b's first token (and its close) cut a's window short
+    assert await texts(line, b.rid) == ["y"]
+    await asyncio.wait_for(w.close(a.lease), 1.0)
     await w.stop()
 
 
 async def test_close_waits_for_the_last_token_then_the_final_event_follows(line: Line) -> None:
-    [rid] = [uuid.uuid4().hex]
-    await line.enqueue(rid, Priority.interactive, orjson.dumps({}), 30_000)
-    [claimed] = await line.claim("w", 1, 5)
+    [c] = await running(line)
     w = StreamWriter(line, window_s=0.2)
-    w.open(rid, claimed.attempt)
+    w.open(c.lease, c.rid, c.owner, c.attempt)
     for t in ("a", "b", "c"):
-        w.push(rid, t)
-    await w.close(rid)
-    assert await line.finish(rid, "completed", {"t": "done"}, owner="w")
-    events = [orjson.loads(f[b"e"]) for _, f in await line.redis.xrange(line.keys.result(rid))]
+        w.push(c.lease, t)
+    await w.close(c.lease)
+    assert await line.finish(c.rid, "completed", {"t": "done"}, owner=c.owner)
+    events = [orjson.loads(f[b"e"]) for _, f in await line.redis.xrange(line.keys.result(c.rid))]
     assert "".join(e.get("x", "") for e in events[:-1]) == "abc"
     assert events[-1]["t"] == "done"
     await w.stop()
@@ -93,12 +98,35 @@ async def test_close_waits_for_the_last_token_then_the_final_event_follows(line:
 
 async def test_discarded_stream_writes_nothing_more(line: Line) -> None:
     w = StreamWriter(line, window_s=0.2)
-    rid = uuid.uuid4().hex
-    w.open(rid, 1)
-    w.push(rid, "first")
+    [c] = await running(line)
+    w.open(c.lease, c.rid, c.owner, c.attempt)
+    w.push(c.lease, "first")
     await asyncio.sleep(0.05)  # written; the window runs
-    w.push(rid, "dropped")
-    w.discard(rid)  # cancelled: what is buffered goes nowhere
+    w.push(c.lease, "dropped")
+    w.discard(c.lease)  # cancelled: what is buffered goes nowhere
     await asyncio.sleep(0.3)
-    assert await texts(line, rid) == ["first"]
+    assert await texts(line, c.rid) == ["first"]
+    await w.stop()
+
+
+async def test_an_attempt_whose_lease_was_reaped_writes_nothing(line: Line) -> None:
+    """A replica that stalled past its lease must not stream into the request's next attempt."""
+    [old] = await running(line, lease_s=0.05)
+    await asyncio.sleep(0.1)
+    assert await line.reap() == (1, 0)  # back in the line, not streamed yet
+    [new] = await line.claim("w", 1, 5)  # the same replica gets it again: attempt 2
+    assert new.rid == old.rid and new.attempt == 2 and new.owner != old.owner
+    w = StreamWriter(line, window_s=0)
+    w.open(old.lease, old.rid, old.owner, old.attempt)
+    w.open(new.lease, new.rid, new.owner, new.attempt)
+    w.push(old.lease, "stale ")
+    with pytest.raises(LeaseLost):
+        await w.close(old.lease)
+    w.push(new.lease, "fresh")
+    await w.close(new.lease)
+    assert await texts(line, new.rid) == ["fresh"]
+    # Nor can the old attempt renew or finish what the new one runs.
+    assert await line.renew([(old.rid, old.owner)], 5) == [old.rid]
+    assert not await line.finish(old.rid, "completed", {"t": "done"}, owner=old.owner)
+    assert await line.finish(new.rid, "completed", {"t": "done"}, owner=new.owner) == "running"
     await w.stop()

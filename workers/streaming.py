@@ -21,8 +21,14 @@ from fleet.line import Line
 WINDOW_S = 0.02  # 20 ms: below what a reader notices, a few decode steps of a busy engine
 
 
+class LeaseLost(Exception):
+    """The request's lease moved on (reaped, requeued): this attempt must stop."""
+
+
 @dataclass(slots=True)
 class _Stream:
+    rid: str
+    owner: str
     attempt: int
     buf: list[str] = field(default_factory=list)
     sent_any: bool = False  # its first token is written: the request is marked streamed
@@ -31,8 +37,10 @@ class _Stream:
 
 
 class StreamWriter:
-    """Per request: `open`, `push` each text delta, `await close` before the final event
-    (which then follows every token), `discard` in any case when the request ends."""
+    """Per attempt, by its lease (`Claimed.lease`): `open`, `push` each text delta,
+    `await close` before the final event (which then follows every token),
+    `discard` in any case when the attempt ends. Keying by the attempt, not the
+    request, keeps a stalled old attempt from touching a new one's stream."""
 
     def __init__(self, line: Line, window_s: float = WINDOW_S) -> None:
         self.line = line
@@ -42,15 +50,15 @@ class StreamWriter:
         self._now = asyncio.Event()  # a first token or a close: skip the window
         self._task: asyncio.Task[None] | None = None
 
-    def open(self, rid: str, attempt: int) -> None:
-        s = _Stream(attempt)
+    def open(self, lease: str, rid: str, owner: str, attempt: int) -> None:
+        s = _Stream(rid, owner, attempt)
         s.written.set()
-        self._streams[rid] = s
+        self._streams[lease] = s
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._write_loop(), name="stream-writer")
 
-    def push(self, rid: str, text: str) -> None:
-        s = self._streams[rid]
+    def push(self, lease: str, text: str) -> None:
+        s = self._streams[lease]
         if s.error is not None:
             raise s.error  # a failed write fails its request now, not at the end
         if not s.sent_any and not s.buf:
@@ -59,18 +67,18 @@ class StreamWriter:
         s.written.clear()
         self._more.set()
 
-    async def close(self, rid: str) -> None:
-        """Returns once every token pushed for `rid` is in its result stream."""
-        s = self._streams[rid]
+    async def close(self, lease: str) -> None:
+        """Returns once every token pushed for this attempt is in its result stream."""
+        s = self._streams[lease]
         if not s.written.is_set():
             self._now.set()
             await s.written.wait()
         if s.error is not None:
             raise s.error
 
-    def discard(self, rid: str) -> None:
-        """Forget the request; text still buffered for it is dropped (it was cancelled or failed)."""
-        self._streams.pop(rid, None)
+    def discard(self, lease: str) -> None:
+        """Forget the attempt; text still buffered for it is dropped (it was cancelled or failed)."""
+        self._streams.pop(lease, None)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -82,18 +90,21 @@ class StreamWriter:
             await self._more.wait()
             self._more.clear()
             self._now.clear()
-            batch = [(rid, s, "".join(s.buf)) for rid, s in self._streams.items() if s.buf]
-            for _, s, _ in batch:
+            batch = [(s, "".join(s.buf)) for s in self._streams.values() if s.buf]
+            for s, _ in batch:
                 s.buf.clear()
             if not batch:  # its requests were discarded meanwhile
                 continue
             try:
-                await self.line.emit_many([(rid, {"t": "tok", "a": s.attempt, "x": text}, not s.sent_any)
-                                           for rid, s, text in batch])
+                lost = set(await self.line.emit([(s.rid, s.owner, {"t": "tok", "a": s.attempt, "x": text},
+                                                  not s.sent_any) for s, text in batch]))
+                for i, (s, _) in enumerate(batch):
+                    if i in lost:
+                        s.error = LeaseLost(f"lease on {s.rid} attempt {s.attempt} is gone")
             except Exception as e:  # a Redis blip fails these requests, not the replica
-                for _, s, _ in batch:
+                for s, _ in batch:
                     s.error = e
-            for _, s, _ in batch:
+            for s, _ in batch:
                 s.sent_any = True
                 if not s.buf:
                     s.written.set()

@@ -27,7 +27,7 @@ from fleet.ledger import Ledger
 from fleet.line import Claimed, Line
 from fleet.policy import replica_concurrency
 from workers.engines.base import Engine, EngineError, EngineRequest
-from workers.streaming import StreamWriter
+from workers.streaming import LeaseLost, StreamWriter
 
 log = logging.getLogger("fleet.worker")
 
@@ -46,6 +46,7 @@ class Worker:
         self.ledger = Ledger(redis, cfg.namespace, tier, self.tc)
         self.state = "starting"
         self.active: dict[str, asyncio.Task[None]] = {}
+        self.owners: dict[str, str] = {}  # rid -> the lease this replica holds on it
         # The tokens of all streamed requests, written together.
         self.streams = StreamWriter(self.line, cfg.stream_window_ms / 1000)
         self.concurrency = self.tc.slots  # bounded by the KV cache once the engine has started
@@ -119,8 +120,18 @@ class Worker:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s)
+            try:
+                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s)
+            except Exception:  # Redis away: keep what runs, try again shortly
+                log.exception("claim failed; retrying")
+                await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
+                continue
             for c in claimed:
+                if c.rid in self.active:
+                    # This replica stalled past its lease and got the request back: the
+                    # old attempt is void (its lease is gone), the new one starts clean.
+                    self._cancel(c.rid)
+                self.owners[c.rid] = c.owner
                 self.active[c.rid] = asyncio.create_task(self._serve(c))
             if not claimed:
                 waiter = asyncio.create_task(self.line.wait_for_work(1.0))
@@ -129,6 +140,8 @@ class Worker:
                 for t in (waiter, drain):
                     t.cancel()
                 await asyncio.gather(waiter, drain, return_exceptions=True)
+                if waiter.done() and not waiter.cancelled() and waiter.exception():
+                    await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
 
     # --- serving --------------------------------------------------------------
 
@@ -148,10 +161,11 @@ class Worker:
         useful = False  # only a completion this worker recorded, within its deadline, is useful
         finish_reason = "stop"
         if stream:
-            self.streams.open(c.rid, c.attempt)
+            self.streams.open(c.lease, c.rid, c.owner, c.attempt)
         try:
-            async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)):
-                async for d in self.engine.generate(req):
+            async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)), \
+                    contextlib.aclosing(self.engine.generate(req)) as deltas:  # the engine frees its KV now
+                async for d in deltas:
                     now = time.monotonic()
                     if not t_first:
                         t_first = now
@@ -161,11 +175,11 @@ class Worker:
                         finish_reason = d.finish_reason
                     if stream:
                         if d.text:
-                            self.streams.push(c.rid, d.text)
+                            self.streams.push(c.lease, d.text)
                     else:
                         parts.append(d.text)
                 if stream:
-                    await self.streams.close(c.rid)  # every token is in the result stream before the done event
+                    await self.streams.close(c.lease)  # every token is in the result stream before the done event
             ttft = (t_first or time.monotonic()) - t0
             tpot = (t_last - t_first) / (completion_tokens - 1) if completion_tokens > 1 else 0.0
             done: dict[str, Any] = {"t": "done", "a": c.attempt, "fr": finish_reason, "pt": prompt_tokens,
@@ -173,7 +187,7 @@ class Worker:
                                     "wait": c.waited_ms / 1000, "replica": self.replica_id}
             if not stream:
                 done["x"] = "".join(parts)
-            if await self.line.finish(c.rid, "completed", done, owner=self.replica_id,
+            if await self.line.finish(c.rid, "completed", done, owner=c.owner,
                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
                 useful = True
                 self.completed += 1
@@ -184,7 +198,11 @@ class Worker:
             await self.engine.abort(req.request_id)
             await self.line.finish(c.rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
                                                       "msg": "deadline passed while the request was running"},
-                                   owner=self.replica_id)
+                                   owner=c.owner)
+        except LeaseLost:
+            # Reaped while it ran (the replica stalled): another attempt owns it now.
+            log.warning("lease on %s attempt %d was lost; aborting it here", c.rid, c.attempt)
+            await self.engine.abort(req.request_id)
         except asyncio.CancelledError:
             # Cancelled by the caller or the gateway (which already recorded
             # the outcome), or the lease was lost: stop the engine's work.
@@ -202,15 +220,17 @@ class Worker:
                 self.drain()
             await self.line.finish(c.rid, "failed", {"t": "err", "status": status, "type": e.type,
                                                      "code": e.code or e.type, "msg": str(e)},
-                                   owner=self.replica_id)
+                                   owner=c.owner)
         except Exception as e:  # an engine bug must not take the replica down with it
             log.exception("request %s failed in the engine", c.rid)
             await self.engine.abort(req.request_id)
             await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": "engine_error",
-                                                     "msg": f"{type(e).__name__}: {e}"}, owner=self.replica_id)
+                                                     "msg": f"{type(e).__name__}: {e}"}, owner=c.owner)
         finally:
-            self.streams.discard(c.rid)
-            self.active.pop(c.rid, None)
+            self.streams.discard(c.lease)
+            if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
+                self.active.pop(c.rid, None)
+                self.owners.pop(c.rid, None)
             self._slot_freed.set()
             # Every token generated is charged, useful or not (late, failed, cancelled).
             with contextlib.suppress(Exception):
@@ -248,7 +268,8 @@ class Worker:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
             try:
-                for rid in await self.line.renew(self.replica_id, list(self.active), self.tc.lease_s):
+                held = [(rid, self.owners[rid]) for rid in list(self.active) if rid in self.owners]
+                for rid in await self.line.renew(held, self.tc.lease_s):
                     self._cancel(rid)
                 await self.line.reap()
                 await self._heartbeat_once()

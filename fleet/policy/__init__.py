@@ -17,10 +17,12 @@ from fleet.policy.admission import (
     Decision,
     ServiceForecast,
     admit,
+    expected_service_s,
     expected_startup_s,
     predicted_wait_s,
     queue_wait_s,
     replica_concurrency,
+    service_batch,
     service_forecast,
 )
 from fleet.policy.budget import (
@@ -52,6 +54,7 @@ from fleet.policy.scaling import (
     decide_tier,
     effective_per_replica_rate,
     start_timeout_s,
+    wedged,
 )
 
 __all__ = [
@@ -74,6 +77,7 @@ __all__ = [
     "decide",
     "decide_tier",
     "effective_per_replica_rate",
+    "expected_service_s",
     "expected_startup_s",
     "judge",
     "littles_law",
@@ -84,7 +88,9 @@ __all__ = [
     "replica_concurrency",
     "replicas_for",
     "seconds_to_drain",
+    "service_batch",
     "service_forecast",
     "start_timeout_s",
     "startup_seconds",
+    "wedged",
 ]

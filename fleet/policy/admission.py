@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from fleet.config import Priority
+from fleet.config import Priority, TierConfig
 
 Reason = Literal["drain_exceeded", "deadline_unmeetable", "budget_exhausted"]
 Basis = Literal["measured", "model", "cold_start", "starting"]
@@ -75,6 +75,22 @@ def replica_concurrency(slots: int, kv_capacity_tokens: int | None, tokens_per_r
     if kv_capacity_tokens is None or tokens_per_request <= 0:
         return max(1, slots)
     return max(1, min(slots, kv_capacity_tokens // tokens_per_request))
+
+
+def service_batch(tc: TierConfig) -> int:
+    """The batch a call's own service time is judged at: a busy replica's (its slots, as
+    many as its KV cache holds at the tier's typical request shape)."""
+    p = tc.sim
+    return replica_concurrency(tc.slots, p.kv_capacity_tokens, p.typical_prompt_tokens + p.typical_output_tokens)
+
+
+def expected_service_s(tc: TierConfig, prompt_tokens: int, output_tokens: int, batch: int | None = None) -> float:
+    """A request's own service time on a busy replica of its tier (full batch, its tokens),
+    by the tier's latency model. `batch`: `service_batch(tc)`, when the caller keeps it."""
+    # fleet.latency imports this package: imported here, not at the top, to avoid the cycle.
+    from fleet.latency import service_s
+
+    return service_s(tc.sim, prompt_tokens, output_tokens, service_batch(tc) if batch is None else batch)
 
 
 def service_forecast(

@@ -110,6 +110,36 @@ def active_windows(budget: Budget, now: float) -> list[Window]:
     return ([daily] if daily else []) + named_windows(budget, now)
 
 
+def upcoming_windows(budget: Budget, now: float, lead_s: float) -> list[Window]:
+    """The window instances that open after `now` and within `lead_s` (the next
+    budget day included): a replica running when one opens bills against it, so
+    the ceiling must step the tier down *before* it opens, not after."""
+    if lead_s <= 0:
+        return []
+    from croniter import croniter
+
+    out = []
+    if budget.daily_usd is not None:
+        _, reset = budget_day(budget, now)
+        if reset - now <= lead_s:
+            _, next_reset = budget_day(budget, reset)
+            out.append(Window(DAILY, reset, next_reset, budget.daily_usd))
+    tz = ZoneInfo(budget.timezone)
+    base = datetime.fromtimestamp(now, tz)
+    for w in budget.windows:
+        # Every instance in the lead has the same duration and nothing spent: the first stands for all.
+        start = croniter(w.cron, base).get_next(datetime).timestamp()
+        if now < start <= now + lead_s:
+            out.append(Window(w.name, start, start + w.duration_s, w.usd))
+    return out
+
+
+def budget_lead_s(tc: TierConfig, startup_s: float) -> float:
+    """How far ahead a window that is about to open bounds the ceiling: long enough
+    for the scale-in hold to pass and a replica to be replaced by a start-up."""
+    return max(0.0, startup_s) + tc.scale_in_hold_s
+
+
 # --- Cost -----------------------------------------------------------------------
 
 
@@ -212,10 +242,17 @@ class BudgetView:
     burn_usd_per_s: float
     reason: str
     windows: tuple[WindowView, ...] = ()
+    upcoming: tuple[WindowView, ...] = ()  # windows opening within the lead: they bound the ceiling only
 
 
-def judge(tc: TierConfig, obs: BudgetObservation) -> BudgetView:
-    """Exhausted?, the ceiling the budget allows, and why. Pure."""
+def judge(tc: TierConfig, obs: BudgetObservation, lead_s: float = 0.0) -> BudgetView:
+    """Exhausted?, the ceiling the budget allows, and why. Pure.
+
+    `lead_s` (see `budget_lead_s`): windows opening within it bound the ceiling
+    already (nothing spent, their whole duration ahead), so the tier is back
+    under it when they open. They do not make the tier exhausted: nothing is
+    shed by budget before a window opens.
+    """
     per_replica = replica_usd_per_s(tc)
     burn = obs.replicas * per_replica + max(0.0, obs.token_burn_usd_per_s)
     views = []
@@ -225,9 +262,13 @@ def judge(tc: TierConfig, obs: BudgetObservation) -> BudgetView:
         ceiling = budget_ceiling(w.usd, spent, obs.now, w.end, per_replica, obs.token_burn_usd_per_s)
         views.append(WindowView(w.name, w.start, w.end, w.usd, spent, projected, ceiling,
                                 exhausted=projected >= w.usd))
-    if not views:
+    soon = tuple(
+        WindowView(w.name, w.start, w.end, w.usd, 0.0, projected_spend(0.0, burn, w.start, w.end),
+                   budget_ceiling(w.usd, 0.0, w.start, w.end, per_replica, obs.token_burn_usd_per_s), exhausted=False)
+        for w in upcoming_windows(tc.budget, obs.now, lead_s))
+    if not views and not soon:
         return BudgetView(False, None, None, 0.0, 0.0, None, None, False, burn, "no budget window is active", ())
-    bounded = [v.ceiling for v in views if v.ceiling is not None]
+    bounded = [v.ceiling for v in (*views, *soon) if v.ceiling is not None]
     ceiling = min(bounded) if bounded else None
     capped = ceiling is not None and ceiling < tc.max_replicas
     spent_out = [v for v in views if v.exhausted]
@@ -236,14 +277,18 @@ def judge(tc: TierConfig, obs: BudgetObservation) -> BudgetView:
         reason = (f"projected spend ${bind.projected_usd:.2f} reaches the {bind.name} budget "
                   f"${bind.budget_usd:.2f} at the current burn of ${burn * 3600:.2f}/h")
         return BudgetView(True, bind.name, bind.end, bind.spent_usd, bind.projected_usd, bind.budget_usd,
-                          ceiling, capped, burn, reason, tuple(views))
-    # Not exhausted: report the window with the least headroom.
-    bind = min(views, key=lambda v: (v.ceiling if v.ceiling is not None else math.inf,
-                                     v.budget_usd - v.projected_usd))
-    if capped:
+                          ceiling, capped, burn, reason, tuple(views), soon)
+    # Not exhausted: report the window with the least headroom (an active one on a tie).
+    bind = min((*views, *soon), key=lambda v: (v.ceiling if v.ceiling is not None else math.inf,
+                                               v.budget_usd - v.projected_usd))
+    if bind in soon and ceiling is not None and ceiling < min((v.ceiling for v in views if v.ceiling is not None),
+                                                              default=math.inf):
+        reason = (f"the {bind.name} budget ${bind.budget_usd:.2f} opens in {bind.start - obs.now:.0f} s and "
+                  f"allows {ceiling} replicas over its {bind.end - bind.start:.0f} s")
+    elif capped:
         reason = (f"the {bind.name} budget ${bind.budget_usd:.2f} allows {ceiling} replicas "
                   f"(spent ${bind.spent_usd:.2f}, projected ${bind.projected_usd:.2f})")
     else:
         reason = f"within budget: projected ${bind.projected_usd:.2f} of ${bind.budget_usd:.2f} ({bind.name})"
     return BudgetView(False, bind.name, None, bind.spent_usd, bind.projected_usd, bind.budget_usd, ceiling,
-                      capped, burn, reason, tuple(views))
+                      capped, burn, reason, tuple(views), soon)

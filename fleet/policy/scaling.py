@@ -12,7 +12,8 @@ same why. The rules (`000_...txt` part III, `002_...txt`):
   the budget allows, what the GPUs can hold);
 - scale-out counts replicas already starting and the backlog that piles up
   while they start, so a need is never ordered twice;
-- scale-in removes one replica at a time, only with an empty line, only after
+- scale-in removes one replica at a time, only with an empty line (or above
+  the ceiling, where a queued line does not keep the tier over it), only after
   the drain time stayed under the threshold for `scale_in_hold_s`, never while
   a replica of the tier is starting; each step restarts the hold, so a raised
   floor comes down in stages and a second, smaller spike does not pay the
@@ -109,13 +110,32 @@ def effective_per_replica_rate(model_rate: float, service_rate: float, ready: in
     return model_rate
 
 
-def start_timeout_s(startup_s: float) -> float:
+_TIMEOUT_DOUBLINGS = 6  # at most 64x: enough to reach a real engine's minutes from a sim profile's seconds
+BEATING_START_FACTOR = 10.0  # a replica beating `starting` is loading: it gets this many times the limit...
+BEATING_START_MIN_S = 600.0  # ...and at least this long, before it is judged stuck
+
+
+def start_timeout_s(startup_s: float, consecutive: int = 0, beating: bool = False) -> float:
     """How long a replica may take to become ready before it is stopped and reported.
 
     Twice the expected start-up plus a margin: a loaded box is slower, but a
-    replica that never gets there must not be waited on forever.
+    replica that never gets there must not be waited on forever. The expected
+    start-up may come from the sim profile (2 s) while the engine is real
+    (vLLM: 20-60 s), so the limit doubles with each consecutive start timeout
+    of the tier (`consecutive`) instead of killing every start at the same
+    point forever. A replica whose heartbeat still says `starting` (`beating`)
+    is making progress: it is given far longer, though not for ever.
     """
-    return 2 * max(0.0, startup_s) + 10.0
+    limit = (2 * max(0.0, startup_s) + 10.0) * 2 ** min(max(0, consecutive), _TIMEOUT_DOUBLINGS)
+    return max(limit * BEATING_START_FACTOR, BEATING_START_MIN_S) if beating else limit
+
+
+def wedged(last_beat_s: float, now: float, heartbeat_s: float) -> bool:
+    """A ready replica whose heartbeat has been missing this long is wedged (or its
+    process is gone without the backend noticing): stop counting it as ready.
+    Three missed beats and a second, as `Replica.alive` judges a heartbeat stale,
+    plus as many again: a slow Redis round trip must not kill a healthy replica."""
+    return now - last_beat_s > 2 * (3 * heartbeat_s + 1)
 
 
 def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
@@ -140,9 +160,11 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # spare"; any tick that needs every ready replica restarts it. A calm
     # period carried over from before a burst must not let the first lull in
     # the burst remove a replica that the next second orders again.
-    # Above the ceiling, spare or not, only the drain counts.
+    # Above the ceiling (the budget fell, or a window that is about to open
+    # bounds it) the hold runs whatever the line: demand is no reason to stay
+    # over a limit, and a busy line must not hold the tier there forever.
     over = have > ceiling and have > floor
-    calm = not hot and (desired < s.ready or over)
+    calm = over or (not hot and desired < s.ready)
     calm_since = (now if s.calm_since is None else s.calm_since) if calm else None
 
     def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since) -> ScaleDecision:
@@ -188,7 +210,9 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     if over or (have > floor and desired < s.ready):
         if s.starting:
             return made("hold", 0, f"hold: {s.starting} starting", "starting")
-        if s.waiting:
+        # Over the ceiling a queued line does not hold the step down: the replica
+        # drains (finishes what it holds), and what waits is served by the rest.
+        if s.waiting and not over:
             return made("hold", 0, f"hold: line not empty ({s.waiting} waiting)", "line")
         calm_for = 0.0 if calm_since is None else now - calm_since
         if calm_for < cfg.scale_in_hold_s:
@@ -225,9 +249,6 @@ class Prewarm:
     source: str | None  # "schedule <cron>" or "operator"
 
 
-_MAX_STARTS = 10_000  # bounds the walk over a window's starts; a cron firing every second for a day is absurd
-
-
 def window_active(w: PrewarmWindow, now: float, lead_s: float, tz: str = "UTC") -> float | None:
     """When the window covering `now` ends, or None. A window starting at S covers
     [S - lead_s, S + duration_s): it opens early by the start-up time, so replicas
@@ -236,15 +257,10 @@ def window_active(w: PrewarmWindow, now: float, lead_s: float, tz: str = "UTC") 
     `tz` is the zone the cron is read in (a market opens at 08:25 local time).
     """
     zone = ZoneInfo(tz)
-    # Only starts after now - duration can still cover now; walk forward from there.
-    it = croniter(w.cron, datetime.fromtimestamp(now - w.duration_s, zone))
-    for _ in range(_MAX_STARTS):
-        start = it.get_next(float)
-        if start - lead_s > now:
-            return None
-        if now < start + w.duration_s:
-            return start + w.duration_s
-    return None
+    # Only starts after now - duration can still cover now, and the first of them covers
+    # it if any does (it ends after now; it only has to have opened, lead included).
+    start = croniter(w.cron, datetime.fromtimestamp(now - w.duration_s, zone)).get_next(float)
+    return start + w.duration_s if start - lead_s <= now else None
 
 
 def active_prewarm(windows: Sequence[PrewarmWindow], orders: Iterable[PrewarmOrder], now: float, lead_s: float,
