@@ -106,7 +106,11 @@ async def test_200_concurrent_calls_on_a_key_with_budget_for_50(budget_fleet: Fl
         rs = await asyncio.gather(*(call() for _ in range(200)))
     ok = [r for r in rs if r.status_code == 200]
     refused = [r for r in rs if r.status_code == 429]
-    assert len(ok) == 50 and len(refused) == 150, sorted({(r.status_code, r.text[:120]) for r in rs})
+    # At least the 50 the budget holds at worst case. A few more when the machine is slow
+    # enough that early calls settle (at their real, smaller cost) before late ones reserve:
+    # that is the budget working, not slipping. What must hold is zero overshoot, below.
+    assert 50 <= len(ok) <= 70 and len(ok) + len(refused) == 200, sorted({(r.status_code, r.text[:120])
+                                                                           for r in rs})
     err = refused[0].json()["error"]
     assert err["code"] == "key_budget_exhausted" and err["type"] == "at_capacity"
     assert int(refused[0].headers["retry-after"]) >= 1 and err["tier"] == "routing"
@@ -114,11 +118,11 @@ async def test_200_concurrent_calls_on_a_key_with_budget_for_50(budget_fleet: Fl
     st = await kb.state("desk")
     budget = f.cfg.keys[0].budget_usd
     assert budget is not None
-    # Spent is the real cost of the 50 (less than their worst case), never more than the budget.
+    # Spent is the real cost of those served (less than their worst case), never more than the budget.
     real = sum(r.json()["usage"]["total_tokens"] for r in ok) * USD_PER_MILLION / 1e6
     assert st["spent"] == pytest.approx(real, abs=1e-9) and st["spent"] <= budget
     assert st["reserved"] == 0 and st["open"] == 0 and st["unbilled"] == 0
     await kb.redis.aclose()
     # The ledger counted the tokens under the key and class.
-    wait_until(lambda: f.r.hget(f.keys("routing").ledger_total, "k|desk|committed|ct") == str(50 * MAX_TOKENS).encode(),
-               10, what="tokens by key in the ledger")
+    wait_until(lambda: f.r.hget(f.keys("routing").ledger_total, "k|desk|committed|ct")
+               == str(len(ok) * MAX_TOKENS).encode(), 10, what="tokens by key in the ledger")

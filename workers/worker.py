@@ -243,14 +243,24 @@ class Worker:
             task.cancel()
 
     async def _cancel_listener(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(self.line.keys.cancel_channel)
-        try:
-            async for msg in pubsub.listen():
-                rid = msg["data"].decode() if isinstance(msg["data"], bytes) else str(msg["data"])
-                self._cancel(rid)
-        finally:
-            await pubsub.aclose()
+        # Cancels arrive by pub/sub, which drops messages while disconnected; the
+        # lease renewal in each heartbeat is the backstop (a cancelled request's
+        # lease is gone), so a lost connection delays an abort by a beat at most.
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.line.keys.cancel_channel)
+                async for msg in pubsub.listen():
+                    rid = msg["data"].decode() if isinstance(msg["data"], bytes) else str(msg["data"])
+                    self._cancel(rid)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("cancel listener lost its connection; resubscribing")
+                await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     # --- heartbeat ------------------------------------------------------------
 
