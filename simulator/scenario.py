@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import re
 import tempfile
 from datetime import datetime, time, timedelta
 from pathlib import Path
@@ -56,6 +55,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleet.config import CLASSES, DEFAULT_CONFIG, ConfigError, FleetConfig, load_config, valid_timezone
+from fleet.prewarm import duration_s
 
 REPO = DEFAULT_CONFIG.parent.parent
 
@@ -64,22 +64,12 @@ class ScenarioError(Exception):
     """A scenario that cannot be replayed; the message names the bad field."""
 
 
-_DUR = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
-
-
 def parse_duration(v: Any) -> float:
-    """Seconds from a number or "1h30m", "10m", "90s"."""
+    """Seconds from a number or "1h30m", "10m", "90s" (the CLI's format)."""
     if isinstance(v, int | float) and not isinstance(v, bool):
         return float(v)
     if isinstance(v, str):
-        m = _DUR.match(v)
-        if m and any(m.groups()):
-            h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-            return h * 3600 + mi * 60 + s
-        try:
-            return float(v)
-        except ValueError:
-            pass
+        return duration_s(v)
     raise ValueError(f"not a duration: {v!r} (use seconds or e.g. '90s', '10m', '1h30m')")
 
 
