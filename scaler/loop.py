@@ -45,6 +45,7 @@ from fleet.policy import (
     decide_tier,
     effective_per_replica_rate,
     expected_startup_s,
+    prewarm_lead_s,
     rate,
 )
 from fleet.prewarm import read_orders
@@ -166,8 +167,7 @@ class Scaler:
         now = time.time()
         startup = self.expected_startup(tier, heartbeats)
         orders = await read_orders(self.redis, k, now, prune=True)
-        # Start early by the start-up plus two ticks, so the replicas are resident when the window opens.
-        prewarm = active_prewarm(tc.prewarm, orders, now, startup + 2 * self.tick_s, tc.budget.timezone)
+        prewarm = active_prewarm(tc.prewarm, orders, now, prewarm_lead_s(startup, self.tick_s), tc.budget.timezone)
         have = count["ready"] + count["starting"]
         # Room left beside every replica holding GPUs; draining ones are booked too, and
         # the policy subtracts them from the ceiling itself, so they count in it here.

@@ -27,6 +27,7 @@ from fleet.policy import (
     effective_per_replica_rate,
     expected_service_s,
     expected_startup_s,
+    prewarm_lead_s,
     service_batch,
     service_forecast,
 )
@@ -137,8 +138,7 @@ class OurPolicy(SimPolicy):
     def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
         tc = tier.tc
         startup = self._startup_s(tier)
-        # As the live scaler: start early by the start-up plus two ticks.
-        pw = active_prewarm(tc.prewarm, [], obs.now, startup + 2 * sim.tick_s, tc.budget.timezone)
+        pw = active_prewarm(tc.prewarm, [], obs.now, prewarm_lead_s(startup, sim.tick_s), tc.budget.timezone)
         state = tier_state(tc, obs, rate_window_s=tier.window_s, prewarm_floor=pw.floor, budget=tier.budget_view,
                            calm_since=self.calm_since.get(tier.name), per_replica_rate=tier.per_replica_rate,
                            startup_s=startup)

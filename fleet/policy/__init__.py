@@ -53,6 +53,7 @@ from fleet.policy.scaling import (
     ceiling_of,
     decide_tier,
     effective_per_replica_rate,
+    prewarm_lead_s,
     start_timeout_s,
     wedged,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "judge",
     "littles_law",
     "predicted_wait_s",
+    "prewarm_lead_s",
     "projected_spend",
     "queue_wait_s",
     "rate",

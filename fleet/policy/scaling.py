@@ -263,6 +263,12 @@ def window_active(w: PrewarmWindow, now: float, lead_s: float, tz: str = "UTC") 
     return start + w.duration_s if start - lead_s <= now else None
 
 
+def prewarm_lead_s(startup_s: float, tick_s: float) -> float:
+    """How early a pre-warm starts: the expected start-up plus two scaler ticks, so the
+    replicas are resident, not starting, when the window opens."""
+    return startup_s + 2 * tick_s
+
+
 def active_prewarm(windows: Sequence[PrewarmWindow], orders: Iterable[PrewarmOrder], now: float, lead_s: float,
                    tz: str = "UTC") -> Prewarm:
     """The highest pre-warm floor in force at `now`, from the schedule and the operator."""
