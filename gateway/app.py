@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from fleet.config import FleetConfig
 from fleet.governor import govern
@@ -140,6 +141,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
 
     app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(RedisError, _redis_unavailable)
     app.state.keyring = KeyRing.from_config(cfg)  # says at start-up when the gateway runs open
     app.include_router(metrics_router)
     app.include_router(dashboard_router)
@@ -254,6 +256,14 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             raise
 
     return app
+
+
+async def _redis_unavailable(_: Request, exc: Exception) -> Response:
+    # The line lives in Redis: without it nothing can be admitted. That is the fleet's
+    # trouble, not the caller's, and it passes; say so in a shape clients retry on.
+    log.error("Redis unavailable: %s", exc)
+    return APIError(503, f"the fleet's Redis is unavailable ({type(exc).__name__}); retry shortly",
+                    "service_unavailable", code="redis_unavailable", headers={"Retry-After": "1"}).response()
 
 
 def _usage_of(ev: dict[str, Any]) -> Usage:

@@ -126,3 +126,32 @@ async def test_200_concurrent_calls_on_a_key_with_budget_for_50(budget_fleet: Fl
     # The ledger counted the tokens under the key and class.
     wait_until(lambda: f.r.hget(f.keys("routing").ledger_total, "k|desk|committed|ct")
                == str(len(ok) * MAX_TOKENS).encode(), 10, what="tokens by key in the ledger")
+
+
+async def test_a_call_dropped_after_an_engine_took_it_is_charged_its_reservation(budget_fleet: Fleet) -> None:
+    """Hanging up just before the last token must not make a call free: the engine made tokens
+    the gateway cannot count, so the key pays what was reserved. One never claimed pays nothing."""
+    f = budget_fleet
+    long_tokens = 40
+    with httpx.stream("POST", f"{f.base_url}/v1/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {SECRET}", "X-Priority": "committed"},
+                      json={"model": "routing", "messages": MESSAGES, "max_tokens": long_tokens,
+                            "stream": True}) as r:
+        assert r.status_code == 200
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 2:
+                break  # hang up mid-stream
+    kb = KeyBudget(Redis.from_url(f.redis_url), f.namespace)
+    worst = worst_case_usd(estimate_prompt_tokens({"messages": MESSAGES}), long_tokens, USD_PER_MILLION)
+
+    async def settled() -> bool:
+        st = await kb.state("desk")
+        return st["open"] == 0 and st["spent"] > 0
+
+    for _ in range(100):
+        if await settled():
+            break
+        await asyncio.sleep(0.1)
+    st = await kb.state("desk")
+    assert st["spent"] == pytest.approx(worst, abs=1e-9) and st["reserved"] == 0 and st["open"] == 0
+    await kb.redis.aclose()
