@@ -56,6 +56,16 @@ def valid_timezone(v: str) -> str:
     return v
 
 
+def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
+    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
+    for name, value in v.items():
+        if name not in CLASSES:
+            raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
+        if value <= 0:
+            raise ValueError(f"{what} for {name!r} must be > 0")
+    return v
+
+
 class _Strict(BaseModel):
     # Unknown keys are typos far more often than intent: refuse them by name.
     model_config = ConfigDict(extra="forbid")
@@ -200,12 +210,7 @@ class TierConfig(_Strict):
     @field_validator("wait_limit_s")
     @classmethod
     def _known_classes(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, limit in v.items():
-            if name not in CLASSES:
-                raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
-            if limit <= 0:
-                raise ValueError(f"wait limit for {name!r} must be > 0")
-        return v
+        return per_class_positive(v, "wait limit")
 
     @model_validator(mode="after")
     def _floor_fits(self) -> TierConfig:

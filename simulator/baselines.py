@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -75,7 +76,7 @@ class Static(SimPolicy):
         return Action("hold", 0, f"static: {n} replicas", "static", n, n)
 
 
-class _Stabilised(SimPolicy):
+class _Stabilised(SimPolicy, ABC):
     """Scale up at once, scale down to the highest recommendation of the last `down_window_s`."""
 
     period_s = 15.0
@@ -85,8 +86,9 @@ class _Stabilised(SimPolicy):
         self.recs: dict[str, deque[tuple[float, int]]] = {}
         self.last: dict[str, float] = {}
 
+    @abstractmethod
     def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
-        raise NotImplementedError
+        """Replicas this baseline wants now, and why (each baseline its own rule)."""
 
     def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
         have = obs.ready + obs.starting

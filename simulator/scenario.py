@@ -54,7 +54,15 @@ from zoneinfo import ZoneInfo
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fleet.config import CLASSES, DEFAULT_CONFIG, ConfigError, FleetConfig, load_config, valid_timezone
+from fleet.config import (
+    CLASSES,
+    DEFAULT_CONFIG,
+    ConfigError,
+    FleetConfig,
+    load_config,
+    per_class_positive,
+    valid_timezone,
+)
 from fleet.prewarm import duration_s
 
 REPO = DEFAULT_CONFIG.parent.parent
@@ -207,12 +215,7 @@ class ScenarioFile(_Strict):
     @field_validator("deadlines_ms")
     @classmethod
     def _classes(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, ms in v.items():
-            if k not in CLASSES:
-                raise ValueError(f"unknown priority class {k!r}; classes are {', '.join(CLASSES)}")
-            if ms <= 0:
-                raise ValueError(f"deadline for {k!r} must be > 0")
-        return v
+        return per_class_positive(v, "deadline")
 
 
 class Scenario:
