@@ -55,18 +55,26 @@ def main() -> None:
 @HOST
 @click.option("--port", default=8000, show_default=True, type=int)
 @CONFIG
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Also serve /metrics alone, without a key, on this port (for Prometheus on a private network).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option("--verbose", is_flag=True)
-def gateway(host: str, port: int, config_path: str | None, verbose: bool) -> None:
+def gateway(host: str, port: int, config_path: str | None, metrics_port: int | None, metrics_host: str,
+            verbose: bool) -> None:
     """Run the gateway alone (REDIS_URL names the Redis)."""
-    import uvicorn
-
     from gateway.app import create_app
+    from gateway.server import serve
 
     _logging(verbose)
     cfg = _config(config_path)
+    if metrics_port == port:
+        raise click.BadParameter("must differ from --port", param_hint="--metrics-port")
     app = create_app(cfg, _redis_url())
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", log_level="warning",
-                access_log=False, timeout_graceful_shutdown=30)
+    try:
+        serve(app, cfg, host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host)
+    except OSError as e:  # the address is taken, or not ours
+        click.echo(f"fleet: cannot listen: {e}", err=True)
+        sys.exit(2)
 
 
 @main.command()
@@ -113,16 +121,23 @@ def up(host: str, port: int, config_path: str | None, engine_name: str | None) -
 @click.option("--url", default=lambda: os.environ.get("FLEET_URL", "http://127.0.0.1:8000"),
               show_default="http://127.0.0.1:8000", help="The gateway.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status document.")
-def status(url: str, as_json: bool) -> None:
+@click.option("--api-key", default=lambda: os.environ.get("FLEET_API_KEY", ""), show_default="$FLEET_API_KEY",
+              help="A key with read_status (or admin), where the gateway has keys.")
+def status(url: str, as_json: bool, api_key: str) -> None:
     """The fleet's status table: line, drain time, replicas, per tier."""
     import httpx
 
     from fleet.status_table import render
 
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        doc: dict[str, Any] = httpx.get(f"{url.rstrip('/')}/v1/fleet/status", timeout=5).json()
-    except httpx.HTTPError as e:
+        r = httpx.get(f"{url.rstrip('/')}/v1/fleet/status", headers=headers, timeout=5)
+        doc: dict[str, Any] = r.json()
+    except (httpx.HTTPError, ValueError) as e:
         click.echo(f"fleet: cannot reach the gateway at {url}: {e}", err=True)
+        sys.exit(1)
+    if r.status_code != 200:
+        click.echo(f"fleet: {(doc.get('error') or {}).get('message') or r.text}", err=True)
         sys.exit(1)
     if as_json:
         import orjson
@@ -246,8 +261,9 @@ def _stored_keys() -> tuple[Any, str]:
 @click.option("--tpm", type=int, default=None, help="Tokens per minute.")
 @click.option("--budget-usd", type=float, default=None, help="Dollar budget for the key's lifetime.")
 @click.option("--admin", is_flag=True, help="May call fleet-control endpoints (pre-warm).")
+@click.option("--read-status", is_flag=True, help="May read /v1/fleet/status and /metrics.")
 def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: str, rpm: int | None,
-             tpm: int | None, budget_usd: float | None, admin: bool) -> None:
+             tpm: int | None, budget_usd: float | None, admin: bool, read_status: bool) -> None:
     """Create a key; its secret is printed once and only its sha256 is stored."""
     import hashlib
     import secrets
@@ -265,7 +281,7 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
         key = ApiKey(name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
                      tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
                      default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
-                     budget_usd=budget_usd, admin=admin)
+                     budget_usd=budget_usd, admin=admin, read_status=read_status)
     except ValidationError as e:
         click.echo("fleet: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()),
                    err=True)
@@ -284,7 +300,7 @@ def keys_list() -> None:
         k = ApiKey.model_validate_json(raw)
         click.echo(f"{k.name}\ttiers={','.join(k.tiers) if k.tiers else 'all'}\tdefault={k.default_priority}"
                    f"\tmax={k.max_priority}\trpm={k.rpm}\ttpm={k.tpm}\tbudget_usd={k.budget_usd}"
-                   f"\tadmin={k.admin}")
+                   f"\tadmin={k.admin}\tread_status={k.read_status}")
 
 
 @keys.command("revoke")

@@ -222,6 +222,19 @@ class TierConfig(_Strict):
         return self.wait_limit_s.get(priority.name, float("inf"))
 
 
+class GatewayEdge(_Strict):
+    """What a caller can make the gateway hold, and who may read fleet state (gateway/server.py, gateway/auth.py)."""
+
+    max_header_bytes: int = Field(32_768, ge=1024, le=1_048_576)  # request line + every header, refused with 431
+    header_timeout_s: float = Field(10.0, gt=0)  # a connection's request head must arrive within this
+    body_timeout_s: float = Field(30.0, gt=0)  # then its body within this; else 408 and the connection closes
+    max_connections_per_client: int = Field(1024, ge=0)  # open connections per client address; 0: no limit
+    # Who may read /v1/fleet/status and /metrics: `auto` requires a key (admin or read_status)
+    # as soon as any key exists, in the config or in Redis; `required` always; `open` never.
+    status_auth: Literal["auto", "required", "open"] = "auto"
+    max_prewarm_s: float = Field(6 * 3600, gt=0)  # the longest POST /v1/fleet/prewarm may raise a floor
+
+
 class ApiKey(_Strict):
     name: str
     sha256: str  # keys are stored hashed; see `fleet hash-key`
@@ -232,6 +245,7 @@ class ApiKey(_Strict):
     tpm: int | None = Field(None, gt=0)
     budget_usd: float | None = Field(None, ge=0)
     admin: bool = False
+    read_status: bool = False  # may read /v1/fleet/status and /metrics (admin keys may too)
 
     @field_validator("sha256")
     @classmethod
@@ -269,6 +283,7 @@ class FleetConfig(BaseSettings):
     stream_window_ms: int = Field(20, ge=0, le=1000)
     tiers: dict[str, TierConfig]
     keys: list[ApiKey] = Field(default_factory=list)
+    gateway: GatewayEdge = Field(default_factory=GatewayEdge)
     gpus: list[GpuInventory] = Field(default_factory=list)
 
     @classmethod

@@ -18,9 +18,8 @@ from typing import Any
 
 import anyio
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -28,12 +27,14 @@ from fleet.config import FleetConfig
 from fleet.governor import govern
 from fleet.line import Line
 from gateway.admission import Admission, AdmissionRequest, Ticket, Usage, estimate_prompt_tokens, outcome_of
-from gateway.auth import KeyRing, authenticate
+from gateway.auth import KeyRing, authenticate, require_status_reader
 from gateway.dashboard import router as dashboard_router
-from gateway.errors import APIError, api_error_handler, from_event
+from gateway.errors import APIError, from_event, install_error_handlers
 from gateway.fleet_api import router as fleet_router
 from gateway.observability import RequestRecorder
 from gateway.observability import router as metrics_router
+from gateway.openapi import install_openapi
+from gateway.request import ClientLeft, HeaderLimit, parse_chain_id, parse_deadline, read_body, validate
 from gateway.results import ClientGone, events, first_or_gone
 from gateway.schemas import ChatBody, CompletionBody
 from gateway.status import fleet_status
@@ -77,51 +78,6 @@ class Gateway:
                 log.exception("governor or key refresh tick failed")
 
 
-async def read_body(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit}", code="body_too_large")
-    chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
-    try:
-        return orjson.loads(chunks)
-    except orjson.JSONDecodeError as e:
-        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-
-
-def validate(model: type[BaseModel], raw: Any) -> Any:
-    if not isinstance(raw, dict):
-        raise APIError(400, "request body must be a JSON object", code="invalid_json")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"])
-        raise APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
-
-
-# A day: longer than any call should wait, short enough that what a request holds
-# in Redis (its hash, its reservations) expires in a day at the latest.
-MAX_DEADLINE_MS = 86_400_000
-
-
-def parse_deadline(request: Request, default_ms: int) -> int:
-    raw = request.headers.get("x-deadline-ms")
-    if raw is None:
-        return default_ms
-    try:
-        ms = int(raw)
-    except ValueError:
-        ms = 0
-    if not 0 < ms <= MAX_DEADLINE_MS:
-        raise APIError(400, f"X-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}, "
-                       f"got {raw!r}", param="X-Deadline-Ms", code="invalid_deadline")
-    return ms
-
-
 def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -140,12 +96,18 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             await redis.aclose()
 
     app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_exception_handler(APIError, api_error_handler)
+    install_error_handlers(app)  # every error typed, the framework's 404/405/422 included
     app.add_exception_handler(RedisError, _redis_unavailable)
+    app.add_exception_handler(ClientLeft, _client_left)
+    app.add_middleware(HeaderLimit, limit=cfg.gateway.max_header_bytes)
     app.state.keyring = KeyRing.from_config(cfg)  # says at start-up when the gateway runs open
-    app.include_router(metrics_router)
-    app.include_router(dashboard_router)
+    app.state.status_auth = cfg.gateway.status_auth
+    app.state.cfg = cfg
+    # Fleet state (replica ids, spend, decisions) is for operators: see require_status_reader.
+    app.include_router(metrics_router, dependencies=[Depends(require_status_reader)])
+    app.include_router(dashboard_router)  # the page is public; the status it reads is not
     app.include_router(fleet_router)  # POST /v1/fleet/prewarm
+    install_openapi(app)  # the real request models, headers and errors in /openapi.json
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -157,7 +119,8 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         try:
             await gw.redis.ping()
         except Exception as e:
-            return _json({"status": "unavailable", "redis": f"{type(e).__name__}: {e}"}, 503)
+            return APIError(503, f"the fleet's Redis does not answer ({type(e).__name__})", "service_unavailable",
+                            code="redis_unavailable", headers={"Retry-After": "1"}).response()
         return _json({"status": "ready", "tiers": list(gw.cfg.tiers)})
 
     @app.get("/v1/models")
@@ -170,7 +133,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
                              "tier": tier})
         return _json({"object": "list", "data": data})
 
-    @app.get("/v1/fleet/status")
+    @app.get("/v1/fleet/status", dependencies=[Depends(require_status_reader)])
     async def status(request: Request) -> Response:
         gw: Gateway = request.app.state.gw
         return _json(await fleet_status(gw.cfg, gw.redis, gw.lines))
@@ -196,6 +159,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         tc = gw.cfg.tiers[tier]
         priority = caller.priority(request.headers.get("x-priority"), gw.cfg.default_priority)
         deadline_ms = parse_deadline(request, gw.cfg.default_deadline_ms)
+        chain = parse_chain_id(request)  # stored with the request in Redis: bounded and plain
         max_tokens = body.wanted_tokens(min(256, tc.max_tokens_limit))
         if max_tokens > tc.max_tokens_limit:
             raise APIError(422, f"max_tokens {max_tokens} exceeds this tier's limit of {tc.max_tokens_limit}",
@@ -220,7 +184,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
             prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
             expected_output_tokens=explicit or min(max_tokens, tc.sim.typical_output_tokens)))
-        await ticket.enqueue(line, orjson.dumps(payload), request.headers.get("x-chain-id", ""))
+        await ticket.enqueue(line, orjson.dumps(payload), chain)
         try:
             stream = events(gw.redis, line, rid, deadline_at)
             headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
@@ -256,6 +220,12 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             raise
 
     return app
+
+
+async def _client_left(_: Request, __: Exception) -> Response:
+    # Nobody reads this (the caller hung up, or the server closed on a body too slow to arrive).
+    return APIError(499, "the client closed the request before its body arrived",
+                    code="client_closed_request").response()
 
 
 async def _redis_unavailable(_: Request, exc: Exception) -> Response:

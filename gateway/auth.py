@@ -20,9 +20,9 @@ from fastapi import Request
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from fleet.config import ApiKey, FleetConfig, Priority
+from fleet.config import CLASSES, ApiKey, FleetConfig, Priority
 from fleet.keys import stored_api_keys
-from gateway.errors import APIError
+from gateway.errors import APIError, quoted
 
 log = logging.getLogger("fleet.gateway.auth")
 
@@ -48,13 +48,10 @@ class Caller:
 
     def priority(self, header: str | None, default: str) -> Priority:
         """The request's class: its X-Priority, else the key's default; never above the key's highest."""
-        raw = header if header is not None else (self.key.default_priority if self.key else default)
-        try:
-            p = Priority.parse(raw)
-        except KeyError:
-            raise APIError(400, f"X-Priority {raw!r} is not a class; use one of "
-                           f"{', '.join(c.name for c in Priority)}", param="X-Priority",
-                           code="invalid_priority") from None
+        if header is not None and header not in CLASSES:  # exactly a class name: no case or space games
+            raise APIError(400, f"X-Priority {quoted(header)} is not a class; use one of {', '.join(CLASSES)}",
+                           param="X-Priority", code="invalid_priority")
+        p = Priority.parse(header if header is not None else (self.key.default_priority if self.key else default))
         if self.key is not None:
             highest = Priority.parse(self.key.max_priority)
             if p < highest:  # a lower value is a higher class
@@ -142,4 +139,32 @@ def require_admin(request: Request) -> Caller:
     if not caller.admin:
         raise APIError(403, f"API key {caller.name!r} is not an admin key", "permission_error",
                        code="admin_required")
+    return caller
+
+
+# Set by gateway.server on requests that came in on the private metrics port (`--metrics-port`).
+METRICS_PORT_SCOPE = "fleet.metrics_port"
+
+
+def require_status_reader(request: Request) -> Caller | None:
+    """Guard fleet state (GET /v1/fleet/status, /metrics): replica ids, spend, budgets, decisions.
+
+    The config's `gateway.status_auth`: `open` lets everyone read; `required` needs a key that
+    is an admin or has `read_status` (with no keys anywhere, nobody may: use the metrics port);
+    `auto` (the default) is `required` as soon as any key exists, in the config or in Redis,
+    and `open` while the gateway itself runs open. The private metrics port is never guarded.
+    """
+    if request.scope.get(METRICS_PORT_SCOPE):
+        return None
+    mode = getattr(request.app.state, "status_auth", "auto")
+    ring = keyring(request)
+    if mode == "open" or (mode == "auto" and ring.open):
+        return None
+    if ring.open:  # required, yet no key exists that could read it
+        raise APIError(401, "fleet state needs an API key with read_status, and none is configured; "
+                       "add one, or read /metrics on the private metrics port", code="invalid_api_key")
+    caller = ring.authenticate(request.headers.get("authorization"))
+    if not (caller.admin or (caller.key is not None and caller.key.read_status)):
+        raise APIError(403, f"API key {caller.name!r} may not read fleet state (it needs read_status or admin)",
+                       "permission_error", code="read_status_required")
     return caller

@@ -9,31 +9,35 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.keys import TierKeys
+from fleet.policy import format_duration
 from fleet.prewarm import add_order
 from gateway.auth import Caller, require_admin
 from gateway.errors import APIError
+from gateway.request import read_body, validate
 
 router = APIRouter()
 
-MAX_PREWARM_S = 7 * 86400  # a week: longer is a warm floor, and belongs in the config
 MAX_BODY = 4096
 
 
 class PrewarmBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """POST /v1/fleet/prewarm: give exactly one of duration_s or until."""
 
-    tier: str
-    floor: int = Field(ge=0)
-    duration_s: float | None = Field(None, gt=0)
-    until: float | str | None = None  # epoch seconds or ISO 8601 with a zone
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tier: str = Field(min_length=1, max_length=256)
+    floor: int = Field(ge=0, description="At most the tier's max_replicas.")
+    duration_s: float | None = Field(None, gt=0, description="At most the config's gateway.max_prewarm_s.")
+    until: float | Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="Epoch seconds, or ISO 8601 with a zone.")
 
 
 def _until(body: PrewarmBody, now: float) -> float:
@@ -57,17 +61,7 @@ def _until(body: PrewarmBody, now: float) -> float:
 @router.post("/v1/fleet/prewarm")
 async def prewarm(request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
     gw: Any = request.app.state.gw
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise APIError(413, f"request body exceeds the limit of {MAX_BODY} bytes", code="body_too_large")
-    try:
-        body = PrewarmBody.model_validate(orjson.loads(raw))
-    except orjson.JSONDecodeError as e:
-        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or "body"
-        raise APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
+    body: PrewarmBody = validate(PrewarmBody, await read_body(request, MAX_BODY))
     tier = gw.cfg.resolve_model(body.tier)
     if tier is None:
         raise APIError(404, f"tier {body.tier!r} does not exist; GET /v1/models lists the tiers", param="tier",
@@ -80,9 +74,11 @@ async def prewarm(request: Request, caller: Caller = Depends(require_admin)) -> 
     until = _until(body, now)
     if until <= now:
         raise APIError(422, "until is in the past", param="until", code="invalid_value")
-    if until - now > MAX_PREWARM_S:
-        raise APIError(422, f"a pre-warm may last at most {MAX_PREWARM_S // 86400} days; raise warm_floor "
-                       "in the config instead", param="duration_s", code="invalid_value")
+    longest = gw.cfg.gateway.max_prewarm_s
+    if until - now > longest:
+        raise APIError(422, f"a pre-warm may last at most {format_duration(longest)} (the config's "
+                       "gateway.max_prewarm_s); raise warm_floor in the config for longer",
+                       param="duration_s" if body.duration_s is not None else "until", code="invalid_value")
     order = await add_order(gw.redis, TierKeys(gw.cfg.namespace, tier), body.floor, until, now)
     return Response(orjson.dumps({"object": "fleet.prewarm", "id": order.id, "tier": tier, "floor": order.floor,
                                   "until": order.until, "by": caller.name}), media_type="application/json")

@@ -145,6 +145,22 @@ def predicted_wait_s(ahead: int, forecast: ServiceForecast, service_s: float) ->
 RETRY_HEADROOM = 1.25
 
 
+def format_duration(s: float) -> str:
+    """A duration as a person reads it in a message: "1 ms", "250 ms", "2.40 s", "4.5 min", "6 h".
+
+    Below a second in milliseconds: a 1 ms deadline must not read as "0.00 s"."""
+    if math.isinf(s):
+        return "unbounded"
+    if s < 0.9995:  # would round to 1000 ms
+        ms = s * 1000
+        return f"{ms:.2g} ms" if ms < 10 else f"{ms:.0f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    return f"{s / 3600:.3g} h"
+
+
 def _whole_seconds(s: float) -> int:
     # Retry-After is whole seconds; rounding up keeps it honest, and 0 would invite a storm.
     return max(1, math.ceil(s - 1e-9))
@@ -196,21 +212,23 @@ def admit(
         reason: Reason = "deadline_unmeetable"
         bound, excess = deadline, over_deadline
         floor = forecast.delay_s + max(0.0, service_s)  # what no amount of draining removes
-        what = f"its deadline of {bound:.2f} s"
+        what = f"its deadline of {format_duration(bound)}"
     else:
         reason, bound, excess = "drain_exceeded", wait_limit_s, over_limit
         floor = forecast.delay_s
-        what = f"the {priority.name} wait limit of {bound:.2f} s"
+        what = f"the {priority.name} wait limit of {format_duration(bound)}"
     if floor > bound:
         # Even an empty line cannot meet it: come back when the line has drained
         # (and any start-up is paid); the message says the bound itself is too tight.
         retry = _whole_seconds(in_line)
         why = (f"this request's expected {'service time' if reason == 'deadline_unmeetable' else 'start-up wait'} "
-               f"({floor:.2f} s" + (f", {forecast.delay_s:.1f} s of it start-up" if forecast.delay_s > 0 else "")
+               f"({format_duration(floor)}"
+               + (f", {format_duration(forecast.delay_s)} of it start-up" if forecast.delay_s > 0 else "")
                + f") alone exceeds {what}")
     else:
         retry = _whole_seconds(excess * RETRY_HEADROOM)
         shown = done_in if reason == "deadline_unmeetable" else in_line
-        why = (f"predicted {'time to finish' if reason == 'deadline_unmeetable' else 'wait in line'} {shown:.2f} s "
+        what_of = "time to finish" if reason == "deadline_unmeetable" else "wait in line"
+        why = (f"predicted {what_of} {format_duration(shown)} "
                f"({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds {what}")
     return Decision(False, reason, done_in, bound, retry, ahead, f"{why}; retry after {retry} s")
