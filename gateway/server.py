@@ -190,6 +190,11 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         what, limit = (("head", self.limits.header_timeout_s) if self._phase == "head"
                        else ("body", self.limits.body_timeout_s))
+        if self.pipeline or (self._phase == "head" and self.cycle is not None and not self.cycle.response_complete):
+            # A pipelined request behind a response still being written (uvicorn stops reading
+            # meanwhile): its time starts when that response ends, and that one must not be cut.
+            self._arm(limit)
+            return
         self._refuse(Refusal(408, "request_timeout",
                              f"the request {what} did not arrive within {limit:g} s; the connection is closed"))
 
@@ -197,11 +202,13 @@ class EdgeProtocol(HttpToolsProtocol):
         """Answer with `refusal` (unless a response is already under way), then close gracefully."""
         self._refused = True
         self._disarm()
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if cycle.response_started:  # the app is answering; no second answer fits: just close
-                self.transport.close()
-                return
+        cycle = self.cycle  # in the head phase, the previous request's; in the body phase, this one's
+        if cycle is not None and (cycle.response_started if self._phase == "body" else not cycle.response_complete):
+            # A response is under way or done for this request (the app answered before reading
+            # its body), or a previous one is still being written: no second answer fits.
+            self.transport.close()
+            return
+        if self._phase == "body" and cycle is not None:
             # The app is still reading the body: from now on it hears "client gone" and its sends are dropped.
             cycle.disconnected = True
             cycle.message_event.set()

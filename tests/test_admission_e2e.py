@@ -87,7 +87,7 @@ def test_flood_sheds_lower_classes_and_serves_committed_on_time(up: Fleet) -> No
         assert sorted(dt for _, dt in refused)[len(refused) // 2] < 1.0
         # What was admitted was served, not left to time out.
         assert all(r.status_code == 200 for r, _ in got if r.status_code != 429)
-    metrics = httpx.get(f"{up.base_url}/metrics").text
+    metrics = httpx.get(f"{up.base_url}/metrics", headers={"authorization": "Bearer sk-admin"}).text  # keys exist
     assert 'fleet_shed_total{priority="background",reason="drain_exceeded",tier="slow"}' in metrics
     assert 'fleet_requests_total{outcome="completed",priority="committed",tier="slow"} 10.0' in metrics
 

@@ -215,6 +215,36 @@ def test_a_body_shorter_than_its_length_gets_a_408_and_the_connection_closes(edg
     assert chat(edge).status_code == 200  # the handler that was reading it let go cleanly
 
 
+def test_a_body_the_app_refused_unread_gets_one_answer_then_the_close(edge: Fleet) -> None:
+    # 413 from Content-Length alone; the client never sends the body it announced.
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5000000\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", edge.port), timeout=15)
+    t0 = time.monotonic()
+    try:
+        s.sendall(head)
+        buf = b""
+        while chunk := s.recv(65536):
+            buf += chunk
+    finally:
+        s.close()
+    assert buf.startswith(b"HTTP/1.1 413") and buf.count(b"HTTP/1.1 ") == 1, buf
+    assert time.monotonic() - t0 < BODY_TIMEOUT_S + 5
+
+
+def test_pipelined_requests_are_still_answered_in_order(edge: Fleet) -> None:
+    one = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+    last = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", edge.port), timeout=15)
+    try:
+        s.sendall(one + one + last)
+        buf = b""
+        while chunk := s.recv(65536):
+            buf += chunk
+    finally:
+        s.close()
+    assert buf.count(b"HTTP/1.1 200 OK") == 3 and buf.rstrip().endswith(b"}") and b'"routing"' in buf
+
+
 def test_a_connection_that_sends_nothing_is_closed(edge: Fleet) -> None:
     status, _, _, took = exchange(edge.port, b"")
     assert status is None and took < HEAD_TIMEOUT_S + 5

@@ -235,7 +235,7 @@ def test_dead_replica_is_replaced_and_a_standby_takes_over(sfleet: Fleet) -> Non
     p = published(f)
     assert (p["prewarm_floor"], p["prewarm_source"], p["floor"]) == ("2", "operator", "2")
     # The status page shows the same.
-    doc = httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][TIER]
+    doc = httpx.get(f"{f.base_url}/v1/fleet/status", headers=ADMIN, timeout=10).json()["tiers"][TIER]
     assert doc["floor"] == 2 and doc["prewarm"]["source"] == "operator"
     assert doc["last_decision"]["action"] in ("hold", "scale_out") and doc["last_decision"]["reason"]
 
