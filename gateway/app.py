@@ -102,7 +102,6 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     app.add_middleware(HeaderLimit, limit=cfg.gateway.max_header_bytes)
     app.state.keyring = KeyRing.from_config(cfg)  # says at start-up when the gateway runs open
     app.state.status_auth = cfg.gateway.status_auth
-    app.state.cfg = cfg
     # Fleet state (replica ids, spend, decisions) is for operators: see require_status_reader.
     app.include_router(metrics_router, dependencies=[Depends(require_status_reader)])
     app.include_router(dashboard_router)  # the page is public; the status it reads is not
