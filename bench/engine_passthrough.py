@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fleet.config import VllmSettings  # noqa: E402
-from fleet.keys import TierKeys  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
+from fleet.store.keys import TierKeys  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
             {"role": "user", "content": "Summarise the state of the order book in one line."}]

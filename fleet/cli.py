@@ -196,7 +196,7 @@ def prewarm(tier: str, floor: int, duration: str, url: str, api_key: str) -> Non
     """Raise a tier's floor now, for a while (pay the cold-start tax before the burst)."""
     import httpx
 
-    from fleet.prewarm import parse_duration
+    from fleet.durations import parse_duration
 
     try:
         secs = parse_duration(duration)
@@ -244,12 +244,10 @@ def keys() -> None:
 
 
 def _stored_keys() -> tuple[Any, str]:
-    import redis as sync_redis
-
-    from fleet.keys import stored_api_keys
+    from fleet.store.connection import connect_sync
 
     cfg = _config(None)
-    return sync_redis.Redis.from_url(_redis_url()), stored_api_keys(cfg.namespace)
+    return connect_sync(_redis_url()), cfg.namespace
 
 
 @keys.command("add")
@@ -271,11 +269,9 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
     from pydantic import ValidationError
 
     from fleet.config import ApiKey
+    from fleet.store.api_keys import KeyExists, add_stored_key
 
-    r, hkey = _stored_keys()
-    if any(ApiKey.model_validate_json(v).name == name for v in r.hvals(hkey)):
-        click.echo(f"fleet: a stored key named {name!r} exists; revoke it first", err=True)
-        sys.exit(2)
+    r, namespace = _stored_keys()
     secret = "fk-" + secrets.token_urlsafe(32)
     try:
         key = ApiKey(name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
@@ -286,35 +282,39 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
         click.echo("fleet: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()),
                    err=True)
         sys.exit(2)
-    r.hset(hkey, key.sha256, key.model_dump_json())
+    try:
+        add_stored_key(r, namespace, key)
+    except KeyExists as e:
+        click.echo(f"fleet: {e}", err=True)
+        sys.exit(2)
     click.echo(secret)
 
 
 @keys.command("list")
 def keys_list() -> None:
     """The stored keys (names and limits, never secrets)."""
-    from fleet.config import ApiKey
+    from fleet.store.api_keys import list_stored_keys
 
-    r, hkey = _stored_keys()
-    for raw in r.hvals(hkey):
-        k = ApiKey.model_validate_json(raw)
+    r, namespace = _stored_keys()
+    got = list_stored_keys(r, namespace)
+    for k in got.keys:
         click.echo(f"{k.name}\ttiers={','.join(k.tiers) if k.tiers else 'all'}\tdefault={k.default_priority}"
                    f"\tmax={k.max_priority}\trpm={k.rpm}\ttpm={k.tpm}\tbudget_usd={k.budget_usd}"
                    f"\tadmin={k.admin}\tread_status={k.read_status}")
+    for bad in got.invalid:
+        click.echo(f"fleet: invalid stored key {bad}", err=True)
 
 
 @keys.command("revoke")
 @click.argument("name")
 def keys_revoke(name: str) -> None:
     """Remove a stored key; gateways refuse it within a heartbeat."""
-    from fleet.config import ApiKey
+    from fleet.store.api_keys import revoke_stored_key
 
-    r, hkey = _stored_keys()
-    gone = [d for d, raw in r.hgetall(hkey).items() if ApiKey.model_validate_json(raw).name == name]
-    if not gone:
+    r, namespace = _stored_keys()
+    if not revoke_stored_key(r, namespace, name):
         click.echo(f"fleet: no stored key named {name!r}", err=True)
         sys.exit(1)
-    r.hdel(hkey, *gone)
     click.echo(f"revoked {name}")
 
 

@@ -32,9 +32,16 @@ def free_port() -> int:
 
 
 def answers(url: str, timeout: float = 0.5) -> bool:
+    """A Redis answers PING at `url` within `timeout` seconds."""
+    from fleet.store.connection import connect_sync
+
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        r = connect_sync(url, connect_timeout_s=timeout, read_timeout_s=timeout, retries=0)
+        try:
+            return bool(r.ping())
+        finally:
+            r.close()
+    except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError):
         return False
 
 

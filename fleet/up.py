@@ -16,12 +16,12 @@ import sys
 import time
 
 import click
-from redis.asyncio import Redis
 
 from fleet.config import FleetConfig
-from fleet.keys import TierKeys
 from fleet.redis_server import NoRedis, resolve_redis
-from fleet.replicas import by_state, read_replicas
+from fleet.store.connection import connect
+from fleet.store.heartbeats import count_by_state, read_heartbeats
+from fleet.store.keys import TierKeys
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -30,14 +30,14 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 async def _progress(cfg: FleetConfig, url: str, want: dict[str, int], procs: list[subprocess.Popen[bytes]],
                     limit_s: float = 600) -> bool:
-    redis = Redis.from_url(url)
+    redis = connect(url, "calls", name="fleet-up")
     try:
         t0 = time.monotonic()
         last = ""
         while time.monotonic() - t0 < limit_s:
             parts, done = [], True
             for tier, n in want.items():
-                states = by_state(await read_replicas(redis, TierKeys(cfg.namespace, tier), cfg.heartbeat_s))
+                states = count_by_state(await read_heartbeats(redis, TierKeys(cfg.namespace, tier), cfg.heartbeat_s))
                 parts.append(f"{tier} {states['ready']}/{n} ready" + (f" ({states['starting']} starting)"
                                                                      if states["starting"] else ""))
                 done &= states["ready"] >= n

@@ -1,20 +1,18 @@
 """The gateway's admission sequence, run for every call before it joins its tier's line:
 
-    auth (gateway.auth) -> reservation steps (per-key rpm/tpm; the per-key dollar
-    budget plugs in here) -> the tier's admission decision (fleet.policy.admission)
-    -> join the line
+    auth (gateway.auth) -> reservation steps (the key's rpm/tpm and dollar
+    budget, gateway.key_limits) -> the tier's admission decision
+    (fleet.policy.admission) -> join the line
 
-Every step that takes something (a place in a rate window, dollars of a key's
-budget) returns a `Reservation`; the `Ticket` that comes out of `admit` holds
-them all and ends each exactly once: `settle` with the real usage when the
-request completed, `release` when it was refused further on, expired, was
-cancelled or failed. A refusal anywhere releases what the earlier steps took.
+A refusal anywhere releases what the earlier steps took; an admitted call
+gets a `Ticket` (gateway.tickets) that ends its reservations once.
 
-The tier decision reads the line, the completions, the budget state and the
-requests being admitted right now in ONE Lua call, and marks this request as
-being admitted in the same call, so a burst of concurrent calls sees each
-other instead of all reading the same empty line. The replica view (ready,
-starting, measured cold start) changes at heartbeat pace and is cached.
+The tier decision reads the line, the completions, the budget judgement and the
+requests being admitted right now in ONE round trip (`fleet.store.admitting`),
+and marks this request as being admitted in the same step, so a burst of
+concurrent calls sees each other instead of all reading the same empty line.
+The replica view (ready, starting, measured cold start) changes at heartbeat
+pace and is cached.
 """
 
 from __future__ import annotations
@@ -22,213 +20,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
 from fleet import metrics
-from fleet.config import FleetConfig, Priority
-from fleet.keys import TierKeys
+from fleet.config import FleetConfig
 from fleet.latency import cold_start_s, per_replica_rate
-from fleet.line import LUA_BY_CLASS, LUA_NOW, Line
 from fleet.policy import admit as decide_admission
 from fleet.policy import expected_service_s, expected_startup_s, service_forecast
-from fleet.ratelimit import Limited, RateLimiter, Taken
-from fleet.replicas import read_replicas
-from gateway.auth import Caller
+from fleet.store.admitting import Admitting
+from fleet.store.heartbeats import read_heartbeats
+from fleet.store.keys import TierKeys
+from fleet.store.line import Line
 from gateway.errors import APIError
+from gateway.key_limits import KeyBudgetStep, RateLimitStep
+from gateway.tickets import (
+    AdmissionRequest,
+    Reservation,
+    ReservationStep,
+    Ticket,
+    Usage,
+    end_all,
+    outcome_of,
+    refusal,
+)
+
+__all__ = ["Admission", "AdmissionRequest", "ReplicaView", "Ticket", "Usage", "estimate_prompt_tokens", "outcome_of",
+           "refusal"]
 
 log = logging.getLogger("fleet.gateway.admission")
-
-# How long a "being admitted" mark lives if its gateway dies between the decision and the line.
-ADMITTING_HOLD_MS = 5000
-
-# KEYS: line completions budget admitting ; ARGV: window_ms prefix member hold_ms
-# Returns: now_ms, waiting by class (4), being admitted by class (4), busy_ms,
-#          completions in window, completions while busy, budget exhausted, budget retry_at
-OBSERVE_AND_MARK = LUA_NOW + LUA_BY_CLASS + """
-local out = {n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}
-local oldest = oldest_enq
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now))
-local pend = {0, 0, 0, 0}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-  local r = tonumber(string.sub(m, 1, 1)) + 1
-  pend[r] = pend[r] + 1
-end
-for r = 1, 4 do out[#out + 1] = pend[r] end
-redis.call('ZADD', KEYS[4], n2s(now + tonumber(ARGV[4])), ARGV[3])
-redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[4]) * 2)
-local busy = now - oldest
-local window = tonumber(ARGV[1])
-out[#out + 1] = n2s(busy)
-out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - window), '+inf')
-out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - math.min(busy, window)), '+inf')
-local b = redis.call('HMGET', KEYS[3], 'exhausted', 'retry_at')
-out[#out + 1] = b[1] or '0'
-out[#out + 1] = b[2] or ''
-return out
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def total(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
-    """What the admission sequence knows about one call."""
-
-    rid: str
-    caller: Caller
-    tier: str
-    priority: Priority
-    deadline_ms: int
-    prompt_tokens: int  # estimated before any tokenizer runs
-    max_tokens: int
-    expected_output_tokens: int
-
-    @property
-    def estimated_tokens(self) -> int:
-        return self.prompt_tokens + self.max_tokens
-
-
-class Reservation(Protocol):
-    """Something a step took for a request; the ticket ends it exactly once."""
-
-    async def settle(self, usage: Usage) -> None:
-        """The request completed: replace what was reserved with what it really used."""
-
-    async def release(self) -> None:
-        """The request never ran to completion (refused later, expired, cancelled, failed): give it all back."""
-
-
-class ReservationStep(Protocol):
-    """One step of the sequence before the tier decision. Raise `refusal(...)` to refuse;
-    return a Reservation (or None if nothing was taken) to go on."""
-
-    name: str
-
-    async def reserve(self, req: AdmissionRequest) -> Reservation | None: ...
-
-
-def refusal(code: str, message: str, req: AdmissionRequest, retry_after_s: float) -> APIError:
-    """The typed 429 of the contract: Retry-After in whole seconds (>= 1), body with tier, priority, retry_after_s."""
-    secs = max(1, math.ceil(retry_after_s - 1e-9))
-    return APIError(429, message, "at_capacity", code=code, headers={"Retry-After": str(secs)},
-                    tier=req.tier, priority=req.priority.name, retry_after_s=secs)
-
-
-# --- per-key requests and tokens per minute ---------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _RateReservation:
-    limiter: RateLimiter
-    taken: Taken
-
-    async def settle(self, usage: Usage) -> None:
-        await self.limiter.settle(self.taken, usage.total)
-
-    async def release(self) -> None:
-        await self.limiter.release(self.taken)
-
-
-class RateLimitStep:
-    name = "rate_limit"
-
-    def __init__(self, limiter: RateLimiter) -> None:
-        self.limiter = limiter
-
-    async def reserve(self, req: AdmissionRequest) -> Reservation | None:
-        key = req.caller.key
-        if key is None or (key.rpm is None and key.tpm is None):
-            return None  # nothing to count: no round trip
-        got = await self.limiter.reserve(key.name, rpm=key.rpm, tpm=key.tpm, tokens=req.estimated_tokens)
-        if isinstance(got, Limited):
-            what = (f"{key.rpm} requests per minute" if got.limit == "rpm"
-                    else f"{key.tpm} tokens per minute (this request may use {req.estimated_tokens})")
-            raise refusal("rate_limited", f"API key {key.name!r} is over its limit of {what}", req,
-                          got.retry_after_s)
-        return _RateReservation(self.limiter, got)
-
-
-# --- the ticket --------------------------------------------------------------------------------------
-
-
-@dataclass
-class Ticket:
-    """An admitted request's reservations and its mark in the tier's `admitting` set."""
-
-    req: AdmissionRequest
-    redis: Redis
-    admitting_key: str
-    member: str
-    request_key: str  # the request's hash in the line: did an engine ever take it?
-    reservations: list[Reservation] = field(default_factory=list)
-    closed: bool = False
-
-    async def enqueue(self, line: Line, payload: bytes, chain: str = "") -> int:
-        """Join the line and drop the being-admitted mark in one step (the line now counts it)."""
-        try:
-            return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
-                                      admitting=(self.admitting_key, self.member))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self.redis.zrem(self.admitting_key, self.member)
-            await self.close(None)
-            raise
-
-    async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
-        """End the request once: count its outcome and end every reservation. Later calls do nothing.
-
-        Completed: settle with the real usage. Cancelled or expired after an engine
-        took it: the engine made tokens the gateway cannot count, so settle at the
-        worst case reserved (otherwise hanging up just before the end would make
-        any call free for the key's budget and limits). Anything else (refused,
-        never claimed, failed by the fleet): release.
-        """
-        if self.closed:
-            return
-        self.closed = True
-        if outcome is not None:
-            metrics.REQUESTS.labels(self.req.tier, self.req.priority.name, outcome).inc()
-        settle_with = usage if outcome == "completed" else None
-        if outcome in ("cancelled", "expired") and self.reservations:
-            attempt = await self.redis.hget(self.request_key, "attempt")
-            if attempt is not None and int(attempt) > 0:
-                settle_with = Usage(self.req.prompt_tokens, self.req.max_tokens)
-        await _end(self.reservations, settle_with)
-
-
-async def _end(reservations: Sequence[Reservation], usage: Usage | None) -> None:
-    for r in reversed(reservations):
-        try:
-            if usage is not None:
-                await r.settle(usage)
-            else:
-                await r.release()
-        except Exception:  # one step's Redis blip must not keep the others from ending
-            log.exception("could not end reservation %r", r)
-
-
-def outcome_of(ev: dict[str, Any]) -> str:
-    """The outcome a final event stands for."""
-    if ev.get("t") == "done":
-        return "completed"
-    return "expired" if ev.get("type") == "deadline_exceeded" else "failed"
-
-
-# --- replicas, as admission needs them ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,15 +67,11 @@ class Admission:
         self.redis = redis
         self.lines = lines
         self.keys = {t: TierKeys(cfg.namespace, t) for t in cfg.tiers}
-        self.limiter = RateLimiter(redis, cfg.namespace)
-        # Steps run in order before the tier decision; each may refuse. The per-key
-        # dollar budget (issue 4, `key_budget_exhausted`) appends its step here.
-        from gateway.budget import KeyBudgetStep  # here, not at the top: it imports this module
-
-        self.steps: list[ReservationStep] = [RateLimitStep(self.limiter), KeyBudgetStep(cfg, redis)]
+        # Steps run in order before the tier decision; each may refuse.
+        self.steps: list[ReservationStep] = [RateLimitStep(cfg, redis), KeyBudgetStep(cfg, redis)]
         self.replicas: dict[str, ReplicaView] = {
             t: ReplicaView(startup_s=cold_start_s(tc.sim)) for t, tc in cfg.tiers.items()}
-        self._observe = redis.register_script(OBSERVE_AND_MARK)
+        self.admitting = Admitting(redis)
         self._task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---
@@ -268,7 +87,7 @@ class Admission:
 
     async def refresh_replicas(self) -> None:
         for tier, tc in self.cfg.tiers.items():
-            reps = await read_replicas(self.redis, self.keys[tier], self.cfg.heartbeat_s)
+            reps = await read_heartbeats(self.redis, self.keys[tier], self.cfg.heartbeat_s)
             self.replicas[tier] = ReplicaView(
                 ready=sum(r.state == "ready" for r in reps),
                 starting_since=tuple(r.started for r in reps if r.state == "starting"),
@@ -295,13 +114,13 @@ class Admission:
                     taken.append(r)
             ticket = await self._tier_decision(req)
         except APIError as e:
-            await _end(taken, None)
+            await end_all(taken, None)
             if e.status == 429:
                 metrics.SHED.labels(req.tier, req.priority.name, e.code or "at_capacity").inc()
                 metrics.REQUESTS.labels(req.tier, req.priority.name, "shed").inc()
             raise
         except BaseException:
-            await _end(taken, None)
+            await end_all(taken, None)
             raise
         ticket.reservations = taken
         return ticket
@@ -312,16 +131,13 @@ class Admission:
         member = f"{int(req.priority)}:{req.rid}"
         line = self.lines[req.tier]
         window_ms = int(self.cfg.rate_window_s * 1000)
-        raw = await self._observe(keys=[k.line, k.completions, k.budget, k.admitting],
-                                  args=[window_ms, line.prefix, member, ADMITTING_HOLD_MS])
-        now_ms = int(raw[0])
-        waiting = [int(x) for x in raw[1:5]]
-        admitting = [int(x) for x in raw[5:9]]
-        busy_ms, comp_window, comp_busy = int(raw[9]), int(raw[10]), int(raw[11])
-        exhausted = _s(raw[12]) == "1"
-        retry_at = _s(raw[13])
+        snap = await self.admitting.observe_and_mark(k, line.prefix, member, window_ms)
+        now_ms = snap.now_ms
+        busy_ms, comp_window, comp_busy = snap.busy_ms, snap.completions_in_window, snap.completions_while_busy
+        exhausted = snap.budget_exhausted
+        retry_at = snap.budget_retry_at
 
-        ahead = sum(waiting[: req.priority + 1]) + sum(admitting[: req.priority + 1])
+        ahead = sum(snap.line[: req.priority + 1])
         view = self.replicas[req.tier]
         now = time.time()
         forecast = service_forecast(
@@ -339,11 +155,11 @@ class Admission:
             service_s=expected_service_s(tc, req.prompt_tokens, req.expected_output_tokens),
             wait_limit_s=tc.wait_limit(req.priority), deadline_s=req.deadline_ms / 1000,
             budget_exhausted=exhausted,
-            budget_retry_in_s=float(retry_at) - now_ms / 1000 if retry_at else None,
+            budget_retry_in_s=retry_at - now_ms / 1000 if retry_at else None,
         )
         if not decision.admitted:
             with contextlib.suppress(Exception):
-                await self.redis.zrem(k.admitting, member)
+                await self.admitting.unmark(k, member)
             raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s)
         return Ticket(req, self.redis, k.admitting, member, k.request(req.rid))
 
@@ -355,7 +171,3 @@ def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
     else:
         chars = len(str(payload.get("prompt") or ""))
     return max(1, (chars + 3) // 4)
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)

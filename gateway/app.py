@@ -25,7 +25,9 @@ from redis.exceptions import RedisError
 
 from fleet.config import FleetConfig
 from fleet.governor import govern
-from fleet.line import Line
+from fleet.store.connection import Clients
+from fleet.store.leader import leader_of
+from fleet.store.line import Line
 from gateway.admission import Admission, AdmissionRequest, Ticket, Usage, estimate_prompt_tokens, outcome_of
 from gateway.auth import KeyRing, authenticate, require_status_reader
 from gateway.dashboard import router as dashboard_router
@@ -50,14 +52,22 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 class Gateway:
     """State shared by the handlers: config, Redis, one Line per tier."""
 
-    def __init__(self, cfg: FleetConfig, redis: Redis, keyring: KeyRing | None = None) -> None:
+    def __init__(self, cfg: FleetConfig, redis: Redis, keyring: KeyRing | None = None, *,
+                 blocking: Redis | None = None) -> None:
         self.cfg = cfg
         self.redis = redis
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
-                              rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
+                              rate_window_s=cfg.rate_window_s, blocking=blocking) for t in cfg.tiers}
         self.admission = Admission(cfg, redis, self.lines)
         self.keyring = keyring or KeyRing(cfg.keys)
         self.started = time.time()
+
+    async def govern_unless_a_scaler_does(self) -> None:
+        """The budget governor runs once per fleet, under the scaler's leader lease. With no
+        scaler holding it (`fleet gateway` + `fleet worker` only), the gateway ticks it, so
+        budgets still hold and admission, status and metrics still have a judgement to read."""
+        if await leader_of(self.redis, self.cfg.namespace) is None:
+            await govern(self.redis, self.cfg)
 
     async def reap_forever(self) -> None:
         # Workers reap too; the gateway does it as well so that requests of a
@@ -70,9 +80,7 @@ class Gateway:
                 except Exception:
                     log.exception("reaper tick failed for %s", line.tier)
             try:
-                # The budget governor's tick (idempotent, so the scaler may tick it too):
-                # budgets hold, and admission sees them, even with no scaler running.
-                await govern(self.redis, self.cfg)
+                await self.govern_unless_a_scaler_does()
                 await self.keyring.refresh(self.redis, self.cfg.namespace)
             except Exception:  # a Redis blip must not end the loop; the next tick retries
                 log.exception("governor or key refresh tick failed")
@@ -81,10 +89,13 @@ class Gateway:
 def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(redis_url, max_connections=4096)
-        gw = Gateway(cfg, redis, app.state.keyring)
+        clients = Clients.open(redis_url, name="gateway", max_connections=1024, max_blocking=4096)
+        redis = clients.calls
+        gw = Gateway(cfg, redis, app.state.keyring, blocking=clients.blocking)
         app.state.gw = gw
         await gw.keyring.refresh(redis, cfg.namespace)  # keys added at run time count from the first call
+        with contextlib.suppress(RedisError):  # a judgement to read from the first call (when no scaler runs)
+            await gw.govern_unless_a_scaler_does()
         await gw.admission.start()
         reaper = asyncio.create_task(gw.reap_forever())
         try:
@@ -93,7 +104,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             await gw.admission.stop()
             reaper.cancel()
             await asyncio.gather(reaper, return_exceptions=True)
-            await redis.aclose()
+            await clients.aclose()
 
     app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)  # every error typed, the framework's 404/405/422 included

@@ -17,11 +17,10 @@ import logging
 from dataclasses import dataclass
 
 from fastapi import Request
-from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from fleet.config import CLASSES, ApiKey, FleetConfig, Priority
-from fleet.keys import stored_api_keys
+from fleet.store.api_keys import read_stored_keys
 from gateway.errors import APIError, quoted
 
 log = logging.getLogger("fleet.gateway.auth")
@@ -71,13 +70,10 @@ class KeyRing:
 
     async def refresh(self, redis: Redis, namespace: str) -> None:
         """Reload the keys stored in Redis; a bad entry is skipped and named, never fatal."""
-        stored = []
-        for digest, raw in (await redis.hgetall(stored_api_keys(namespace))).items():
-            try:
-                key = ApiKey.model_validate_json(raw)
-                stored.append((bytes.fromhex(key.sha256), key))
-            except (ValidationError, ValueError) as e:
-                log.error("stored API key %r is invalid and ignored: %s", digest, e)
+        got = await read_stored_keys(redis, namespace)
+        for bad in got.invalid:
+            log.error("stored API key %s is invalid and ignored", bad)
+        stored = [(bytes.fromhex(key.sha256), key) for key in got.keys]
         was_open = self.open
         if not stored and self.stored and not self.configured:
             # The last stored key vanished: revoked, or Redis lost its data. Falling open

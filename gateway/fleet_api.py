@@ -2,7 +2,7 @@
 
 An operator raises a tier's floor now, until a time, ahead of a burst the
 schedule does not know about. The order goes to Redis; the scaler applies it
-at its next tick (see `fleet.prewarm`).
+at its next tick (see `fleet.store.prewarm_orders`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet.keys import TierKeys
 from fleet.policy import format_duration
-from fleet.prewarm import add_order
+from fleet.store.keys import TierKeys
+from fleet.store.prewarm_orders import add_order
 from gateway.auth import Caller, require_admin
 from gateway.errors import APIError
 from gateway.request import read_body, validate

@@ -24,10 +24,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from fleet import metrics as m
 from fleet.config import CLASSES, FleetConfig
-from fleet.governor import assess, refresh_tier_metrics
-from fleet.line import Line
+from fleet.governor import set_budget_gauges
 from fleet.policy import rate, seconds_to_drain
-from fleet.replicas import by_state, read_replicas
+from fleet.store.heartbeats import count_by_state, read_heartbeats
+from fleet.store.line import Line
+from fleet.store.tier_budget import read_budget_state
 
 router = APIRouter()
 
@@ -37,7 +38,7 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     tier = line.tier
     tc = cfg.tiers[tier]
     snap = await line.observe()
-    replicas = await read_replicas(line.redis, line.keys, cfg.heartbeat_s)
+    replicas = await read_heartbeats(line.redis, line.keys, cfg.heartbeat_s)
     served = rate(snap.completions_in_window, cfg.rate_window_s)
     for cls, n in zip(CLASSES, snap.by_class, strict=True):
         m.LINE_LENGTH.labels(tier, cls).set(n)
@@ -46,7 +47,7 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     m.ARRIVAL_RATE.labels(tier).set(rate(snap.arrivals_in_window, cfg.rate_window_s))
     m.SERVICE_RATE.labels(tier).set(served)
     m.IN_FLIGHT.labels(tier).set(snap.inflight)
-    for state, n in by_state(replicas).items():
+    for state, n in count_by_state(replicas).items():
         m.REPLICAS.labels(tier, state).set(n)
     m.WARM_FLOOR.labels(tier).set(tc.warm_floor)
     m.MAX_REPLICAS.labels(tier).set(tc.max_replicas)
@@ -54,10 +55,11 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
 
 
 async def refresh_spend(cfg: FleetConfig, line: Line) -> None:
-    """Spend, budget and cost gauges, judged by the budget governor's own (read-only) assessment,
-    so the gateway's /metrics is complete even where no scaler runs."""
-    tb = await assess(line.redis, cfg, line.tier, time.time())
-    refresh_tier_metrics(line.tier, tb, [w.name for w in cfg.tiers[line.tier].budget.windows])
+    """Spend, budget and cost gauges as the budget governor last judged them (whoever ticks it:
+    the scaler, or this gateway while no scaler runs). Not judged yet: the gauges wait."""
+    state = await read_budget_state(line.redis, line.keys)
+    if state is not None:
+        set_budget_gauges(line.tier, state, [w.name for w in cfg.tiers[line.tier].budget.windows])
 
 
 @router.get("/metrics", include_in_schema=False)

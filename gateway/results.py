@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from fleet.line import Line
+from fleet.store.connection import MAX_BLOCK_S
+from fleet.store.line import Line
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
@@ -45,8 +46,9 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
                 yield {"t": "err", "status": 504, "type": "deadline_exceeded",
                        "msg": "deadline passed and the request's result was lost"}
                 return
-            block_ms = max(1, min(int(left * 1000) + 1, 5000)) if left > 0 else 1000
-            resp = await redis.xread({key: last}, block=block_ms, count=256)
+            block_ms = max(1, min(int(left * 1000) + 1, int(MAX_BLOCK_S * 1000))) if left > 0 else 1000
+            # The line's blocking client: its read timeout exceeds the longest block.
+            resp = await line.blocking.xread({key: last}, block=block_ms, count=256)
             if not resp:
                 continue
             for entry_id, fields in resp[0][1]:

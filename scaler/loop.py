@@ -34,9 +34,7 @@ from redis.asyncio import Redis
 from fleet import metrics
 from fleet.config import FleetConfig, TierConfig
 from fleet.governor import govern
-from fleet.keys import TierKeys, scaler_leader_key
 from fleet.latency import cold_start_s, per_replica_rate
-from fleet.line import Line
 from fleet.policy import (
     Prewarm,
     ScaleDecision,
@@ -48,14 +46,19 @@ from fleet.policy import (
     prewarm_lead_s,
     rate,
 )
-from fleet.prewarm import read_orders
-from fleet.replicas import Replica, read_replicas
-from scaler.lease import Lease
+from fleet.store import scaler_state
+from fleet.store.connection import connect
+from fleet.store.heartbeats import Heartbeat, read_heartbeats
+from fleet.store.keys import TierKeys, scaler_leader_key
+from fleet.store.leader import Lease
+from fleet.store.line import Line
+from fleet.store.prewarm_orders import read_orders
+from fleet.store.scaler_state import ScalerState, read_scaler_state, write_scaler_state
+from fleet.store.tier_budget import read_budget_state
 from scaler.supervisor import ReplicaEvent, Supervisor
 
 log = logging.getLogger("fleet.scaler")
 
-STREAM_MAXLEN = 1000
 MEASURED_KEPT = 5  # start-ups remembered per tier; their median is the expected start-up
 
 
@@ -127,17 +130,17 @@ class Scaler:
 
     async def _take_over(self) -> None:
         for tier in self.cfg.tiers:
-            calm, startup = await self.redis.hmget(TierKeys(self.cfg.namespace, tier).scaler, "calm_since",
-                                                   "startup_s")
-            self.calm_since[tier] = _float(calm)
-            if (s := _float(startup)) is not None and not self.measured[tier]:
-                self.measured[tier].append(s)
+            # Resume the hold and the measured start-up where the last leader left them.
+            last = await read_scaler_state(self.redis, TierKeys(self.cfg.namespace, tier), stale_after_s=None)
+            self.calm_since[tier] = last.calm_since if last else None
+            if last is not None and last.startup_s is not None and not self.measured[tier]:
+                self.measured[tier].append(last.startup_s)
         for ev in await self.supervisor.restore():
             await self._event(ev)
 
     # --- one tier ---------------------------------------------------------------------
 
-    def expected_startup(self, tier: str, heartbeats: list[Replica]) -> float:
+    def expected_startup(self, tier: str, heartbeats: list[Heartbeat]) -> float:
         """Launch to ready as measured here; else the engines' own cold starts; else the model."""
         seen = list(self.measured[tier]) or [r.cold_start_s for r in heartbeats if r.cold_start_s is not None]
         expected = expected_startup_s(seen, cold_start_s(self.cfg.tiers[tier].sim))
@@ -147,7 +150,7 @@ class Scaler:
         tc = self.cfg.tiers[tier]
         k = TierKeys(self.cfg.namespace, tier)
         snap = await self.lines[tier].observe()
-        heartbeats = await read_replicas(self.redis, k, self.cfg.heartbeat_s)
+        heartbeats = await read_heartbeats(self.redis, k, self.cfg.heartbeat_s)
         startup = self.expected_startup(tier, heartbeats)
         events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"}, startup, tier,
                                             beating_ids={r.id for r in heartbeats})
@@ -198,9 +201,10 @@ class Scaler:
         return d
 
     async def _budget_ceiling(self, k: TierKeys, tc: TierConfig, have: int) -> int | None:
-        """The budget governor's ceiling (`fleet.governor`); none published: the budget does not bound."""
-        judged = await self.redis.hmget(k.budget, "ceiling", "ts")
-        return budget_ceiling_of(_float(judged[0]), judged[1] is not None, _has_budget(tc), have)
+        """The budget governor's ceiling (`fleet.governor`); none published: see `budget_ceiling_of`."""
+        judged = await read_budget_state(self.redis, k)
+        ceiling = None if judged is None or judged.view.ceiling is None else float(judged.view.ceiling)
+        return budget_ceiling_of(ceiling, judged is not None, _has_budget(tc), have)
 
     async def _lease_ok(self) -> bool:
         """Renew the lease before acting: a launch can block for seconds, and a scaler that
@@ -212,7 +216,7 @@ class Scaler:
         self.supervisor.forget()
         return False
 
-    async def _execute(self, tier: str, d: ScaleDecision, heartbeats: list[Replica]) -> str:
+    async def _execute(self, tier: str, d: ScaleDecision, heartbeats: list[Heartbeat]) -> str:
         if d.action == "scale_out":
             started = 0
             for _ in range(d.delta):
@@ -245,25 +249,21 @@ class Scaler:
 
     async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,
                        startup: float, count: dict[str, int]) -> None:
-        fields: dict[str, str | int | float] = {
-            "floor": d.floor, "ceiling": d.ceiling, "ceiling_by": d.ceiling_by, "desired": d.desired,
-            "prewarm_floor": pw.floor, "prewarm_until": pw.until or "", "prewarm_source": pw.source or "",
-            "action": d.action, "delta": d.delta, "reason": d.reason + note, "code": d.code, "at": now,
-            "calm_since": "" if d.calm_since is None else d.calm_since, "startup_s": round(startup, 3),
-            "ts": now, "scaler": self.id, "ready": count["ready"], "starting": count["starting"],
-            "draining": count["draining"],
-        }
-        if d.action != "hold":
-            fields.update({"last_action": d.action, "last_reason": d.reason + note, "last_at": now})
-        await self.redis.hset(k.scaler, mapping=fields)
+        acted = d.action != "hold"
+        await write_scaler_state(self.redis, k, ScalerState(
+            floor=d.floor, ceiling=d.ceiling, ceiling_by=d.ceiling_by, desired=d.desired, action=d.action,
+            delta=d.delta, reason=d.reason + note, code=d.code, at=now, ts=now, scaler=self.id,
+            ready=count["ready"], starting=count["starting"], draining=count["draining"], prewarm_floor=pw.floor,
+            prewarm_until=pw.until, prewarm_source=pw.source or "", calm_since=d.calm_since,
+            startup_s=round(startup, 3), last_action=d.action if acted else "",
+            last_reason=d.reason + note if acted else "", last_at=now if acted else None))
         key = (d.action, d.code)
         if d.action in ("scale_out", "scale_in") or self.last_written.get(tier) != key:
             self.last_written[tier] = key
-            await self.redis.xadd(k.decisions, {"kind": "decision", "action": d.action, "delta": d.delta,
-                                                "reason": d.reason + note, "code": d.code, "floor": d.floor,
-                                                "ceiling": d.ceiling, "at": now, "scaler": self.id},
-                                  maxlen=STREAM_MAXLEN, approximate=True)
-            if d.action != "hold":
+            await scaler_state.append_decision(self.redis, k, action=d.action, delta=d.delta, reason=d.reason + note,
+                                               code=d.code, floor=d.floor, ceiling=d.ceiling, at=now,
+                                               scaler=self.id)
+            if acted:
                 log.info("%s: %s%s", tier, d.reason, note)
 
     async def _event(self, ev: ReplicaEvent) -> None:
@@ -274,14 +274,14 @@ class Scaler:
         if ev.at_least_s is not None:
             self.startup_at_least[ev.tier] = max(self.startup_at_least.get(ev.tier, 0.0), ev.at_least_s)
         if ev.event in ("launch_failed", "tick_failed"):
-            await self.redis.hincrby(k.scaler, "launch_failures" if ev.event == "launch_failed" else "tick_failures", 1)
+            await scaler_state.count(self.redis, k, "launch_failures" if ev.event == "launch_failed"
+                                     else "tick_failures")
         if ev.event in ("died", "start_timeout", "lost"):
-            await self.redis.hincrby(k.scaler, "deaths" if ev.event != "start_timeout" else "start_timeouts", 1)
+            await scaler_state.count(self.redis, k, "deaths" if ev.event != "start_timeout" else "start_timeouts")
             log.warning("%s: replica %s %s: %s", ev.tier, ev.replica, ev.event, ev.detail)
         if ev.event != "started":  # a start is already in the stream as its decision
-            await self.redis.xadd(k.decisions, {"kind": "event", "event": ev.event, "replica": ev.replica,
-                                                "reason": ev.detail, "at": time.time(), "scaler": self.id},
-                                  maxlen=STREAM_MAXLEN, approximate=True)
+            await scaler_state.append_event(self.redis, k, event=ev.event, replica=ev.replica, reason=ev.detail,
+                                            at=time.time(), scaler=self.id)
 
 
 def gpu_ceiling(have: int, draining: int, room: int | None) -> int | None:
@@ -302,15 +302,6 @@ def budget_ceiling_of(published: float | None, judged: bool, has_budget: bool, h
     if judged:
         return max(0, int(published)) if published is not None and math.isfinite(published) else None
     return have if has_budget else None
-
-
-def _float(v: bytes | str | None) -> float | None:
-    if v in (None, b"", ""):
-        return None
-    try:
-        return float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
 
 
 def worker_env(redis_url: str, config_path: str | None) -> dict[str, str]:
@@ -347,7 +338,7 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
                            network=network, engine=engine, volumes=volumes)
     else:
         be = LocalBackend(env, engine=engine)
-    redis = Redis.from_url(redis_url)
+    redis = connect(redis_url, "calls", name="scaler")
     supervisor = Supervisor(cfg, redis, be, Placement(gpus), drain_grace_s=drain_grace_s)
     scaler = Scaler(cfg, redis, supervisor, scaler_id=scaler_id, tick_s=tick_s, lease_s=lease_s)
     stop = asyncio.Event()

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig
-from fleet.keys import TierKeys
 from fleet.policy import start_timeout_s, wedged
+from fleet.store.heartbeats import remove_heartbeat
+from fleet.store.keys import TierKeys
 from scaler.backends import Backend, Supervised
 from scaler.placement import Placement
 
@@ -197,7 +198,7 @@ class Supervisor:
         # A killed worker cannot remove its own heartbeat; without this it would
         # count as alive for a few more beats.
         await self.redis.hdel(k.supervised, rec.id)
-        await self.redis.hdel(k.replicas, rec.id)
+        await remove_heartbeat(self.redis, k, rec.id)
 
     async def stop_all(self, grace_s: float) -> None:
         """Drain every replica, wait up to `grace_s` for them to leave, kill the rest."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.config import CLASSES, TierConfig
 from fleet.latency import cold_start_s, decode_step_s, kv_tokens, per_replica_rate, prefill_s
 from fleet.policy import rate, seconds_to_drain
-from fleet.policy.budget import BudgetObservation, BudgetView, budget_lead_s, judge
+from fleet.policy.tier_budget import BudgetObservation, BudgetView, budget_lead_s, judge
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 
 if TYPE_CHECKING:

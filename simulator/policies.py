@@ -31,7 +31,7 @@ from fleet.policy import (
     service_batch,
     service_forecast,
 )
-from fleet.policy.budget import BudgetView
+from fleet.policy.tier_budget import BudgetView
 
 if TYPE_CHECKING:
     from simulator.arrivals import Call

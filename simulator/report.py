@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from fleet.config import CLASSES
-from fleet.policy.budget import cost_per_useful_million
+from fleet.policy.tier_budget import cost_per_useful_million
 from simulator.baselines import TierBound
 from simulator.engine import SimResult
 

@@ -63,7 +63,7 @@ from fleet.config import (
     per_class_positive,
     valid_timezone,
 )
-from fleet.prewarm import duration_s
+from fleet.durations import duration_s
 
 REPO = DEFAULT_CONFIG.parent.parent
 

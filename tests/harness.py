@@ -17,8 +17,8 @@ import orjson
 import redis
 
 from fleet.config import FleetConfig, load_config
-from fleet.keys import TierKeys
 from fleet.redis_server import free_port
+from fleet.store.keys import TierKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_CONFIG = Path(__file__).resolve().parent / "fleet-test.yaml"

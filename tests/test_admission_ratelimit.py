@@ -8,8 +8,8 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from fleet.keys import ApiKeyKeys
-from fleet.ratelimit import Limited, RateLimiter, Taken
+from fleet.store.key_limits import Limited, RateLimiter, Taken
+from fleet.store.keys import ApiKeyKeys
 
 
 @pytest.fixture

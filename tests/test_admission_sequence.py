@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, Priority, load_config
-from fleet.keys import ApiKeyKeys
-from fleet.line import Line
+from fleet.store.keys import ApiKeyKeys
+from fleet.store.line import Line
 from gateway.admission import Admission, AdmissionRequest, ReplicaView, Usage, refusal
 from gateway.auth import Caller
 from gateway.errors import APIError

@@ -24,8 +24,8 @@ import pytest
 import yaml
 from redis.asyncio import Redis
 
-from fleet.ledger import Ledger
 from fleet.policy import TierState, decide_tier
+from fleet.store.ledger import Ledger
 from tests.harness import TEST_CONFIG, Fleet, wait_until
 
 TZ = "Asia/Kolkata"  # +05:30: the window's edges are not on UTC hours

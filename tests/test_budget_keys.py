@@ -14,7 +14,8 @@ import pytest_asyncio
 import yaml
 from redis.asyncio import Redis
 
-from fleet.keybudget import KeyBudget, worst_case_usd
+from fleet.policy.key_budget import worst_case_usd
+from fleet.store.key_budget import KeyBudget
 from gateway.admission import estimate_prompt_tokens
 from tests.harness import TEST_CONFIG, Fleet, wait_until
 

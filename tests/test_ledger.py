@@ -12,7 +12,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from fleet.config import TierConfig
-from fleet.ledger import NANO, Ledger, plan_fields
+from fleet.store.ledger import NANO, Ledger, plan_fields
 
 
 @pytest_asyncio.fixture

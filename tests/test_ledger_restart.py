@@ -8,13 +8,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 from redis.asyncio import Redis
 
-from fleet.ledger import Ledger, Spend
+from fleet.store.ledger import Ledger, Spend
 from tests.harness import TEST_CONFIG, Fleet, wait_until
 
 TIER = "routing"
@@ -29,6 +30,10 @@ def totals(f: Fleet) -> Spend:
             await r.aclose()
 
     return asyncio.run(read())
+
+
+def status(f: Fleet) -> dict[str, Any]:
+    return httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][TIER]
 
 
 def calls(f: Fleet, n: int) -> int:
@@ -55,7 +60,10 @@ def test_ledger_survives_restarts_and_counts_each_second_once(redis_url: str, tm
         f.start_worker(TIER, "routing-1")
         useful = calls(f, 3)
         wait_until(lambda: totals(f).useful_tokens == useful, 10, what="tokens in the ledger")
-        spend_before = httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][TIER]["spend_usd"]
+        # The status shows the budget governor's last judgement (at most a tick old).
+        judged = wait_until(lambda: (s := status(f))["tokens_today"] and s["tokens_today"]["useful"] == useful and s,
+                            10, what="the governor's judgement of the tokens")
+        spend_before = judged["spend_usd"]
         assert spend_before > 0
 
         # Both parts die: the worker without a goodbye, the gateway cleanly.
@@ -77,9 +85,9 @@ def test_ledger_survives_restarts_and_counts_each_second_once(redis_url: str, tm
         assert after.replica_s["starting"] > before.replica_s["starting"]  # the second cold start is billed too
         # Never more replica-seconds than one replica at a time could have run since the first start.
         assert sum(after.replica_s.values()) <= time.time() - t0 + 0.5
-        status = httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][TIER]
-        assert status["spend_usd"] >= spend_before + (after.usd - before.usd) - 0.5
-        assert status["tokens_today"]["useful"] == useful
-        assert status["spend_lifetime_usd"] == pytest.approx(totals(f).usd, abs=5.0)
+        now = wait_until(lambda: (s := status(f))["tokens_today"] and s["tokens_today"]["useful"] == useful and s,
+                         10, what="the governor's judgement of the new tokens")
+        assert now["spend_usd"] >= spend_before + (after.usd - before.usd) - 0.5
+        assert now["spend_lifetime_usd"] == pytest.approx(totals(f).usd, abs=5.0)
     finally:
         f.stop()

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
-from fleet.line import Line
+from fleet.store.line import Line
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ async def test_expired_lease_requeues_at_head_of_class(line: Line) -> None:
     [ca] = await line.claim("dead-worker", 1, lease_s=0.05)
     assert ca.rid == a
     await asyncio.sleep(0.1)
-    assert await line.reap() == (1, 0)
+    assert await line.reap() == (1, 0, 0)
     again = await line.claim("w2", 2, 5)
     assert [c.rid for c in again] == [a, b]  # back ahead of what arrived after it
     assert again[0].attempt == 2 and again[0].owner == "w2:2"
@@ -70,7 +70,7 @@ async def test_renewed_lease_is_not_reaped(line: Line) -> None:
     for _ in range(4):
         await asyncio.sleep(0.15)
         assert await line.renew([(rid, c.owner)], 0.3) == []
-        assert await line.reap() == (0, 0)
+        assert await line.reap() == (0, 0, 0)
     assert await line.renew([(rid, "other:1")], 0.3) == [rid]  # not its lease
 
 
@@ -79,7 +79,7 @@ async def test_streamed_request_is_not_rerun_but_lost(line: Line) -> None:
     [c] = await line.claim("w", 1, lease_s=0.05)
     assert await line.emit([(rid, c.owner, {"t": "tok", "a": 1, "x": "hello"}, True)]) == []  # all written
     await asyncio.sleep(0.1)
-    assert await line.reap() == (0, 1)
+    assert await line.reap() == (0, 1, 0)
     entries = await line.redis.xrange(line.keys.result(rid))
     assert [orjson.loads(e[1][b"e"])["type"] for e in entries[1:]] == ["worker_lost"]
     assert await line.claim("w2", 5, 5) == []
@@ -139,3 +139,24 @@ async def test_all_keys_of_a_tier_share_one_hash_tag(line: Line) -> None:
     names = [k.line, k.inflight, k.seq, k.bell, k.counters, k.arrivals, k.completions, k.replicas, k.dead,
              k.request("x"), k.result("x")]
     assert {n[n.index("{"): n.index("}") + 1] for n in names} == {"{routing}"}
+
+
+async def test_a_running_request_whose_hash_expired_is_counted_when_reaped(line: Line) -> None:
+    """Its gateway and its worker both vanished and its hash ran out: the reaper finds only the
+    lease. It is counted expired, as CLAIM counts the same case, so every accepted request still
+    has exactly one outcome."""
+    [rid] = await _put(line, Priority.interactive)
+    [c] = await line.claim("gone-worker", 1, lease_s=0.05)
+    await line.redis.delete(line.keys.request(c.rid))  # as its TTL would
+    reaped = None
+    for _ in range(200):  # until the lease has run out (50 ms) and the reaper took it
+        reaped = await line.reap()
+        if reaped != (0, 0, 0):
+            break
+        await asyncio.sleep(0.01)
+    assert reaped == (0, 0, 1)
+    assert await line.redis.zcard(line.keys.inflight) == 0
+    counters = (await line.observe()).counters
+    assert counters["accepted"] == 1 == counters["expired"]
+    assert counters["accepted"] == sum(counters.get(k, 0) for k in ("completed", "expired", "cancelled", "failed"))
+    assert rid == c.rid

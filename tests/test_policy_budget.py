@@ -10,7 +10,8 @@ import pytest
 
 from fleet.config import Budget, BudgetWindow, ConfigError, TierConfig, load_config
 from fleet.policy import cost_per_million_tokens
-from fleet.policy.budget import (
+from fleet.policy.key_budget import key_usd_per_million
+from fleet.policy.tier_budget import (
     BudgetObservation,
     budget_ceiling,
     budget_day,
@@ -18,7 +19,6 @@ from fleet.policy.budget import (
     cost_per_useful_million,
     daily_window,
     judge,
-    key_usd_per_million,
     named_windows,
     projected_spend,
 )

@@ -28,9 +28,9 @@ from fastapi.testclient import TestClient
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, Priority, load_config
-from fleet.keys import TierKeys, scaler_leader_key
-from fleet.line import Line
 from fleet.redis_server import free_port
+from fleet.store.keys import TierKeys, scaler_leader_key
+from fleet.store.line import Line
 from tests.harness import ROOT, Fleet, wait_until
 
 SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"

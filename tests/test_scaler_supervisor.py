@@ -14,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, GpuInventory, TierConfig
-from fleet.keys import TierKeys
 from fleet.policy import ScaleDecision
+from fleet.store.keys import TierKeys
 from scaler.backends import LocalBackend, Supervised
 from scaler.placement import Placement, discover
 from scaler.supervisor import Supervisor

@@ -11,10 +11,11 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Budget, BudgetWindow, GpuInventory, TierConfig
-from fleet.keys import TierKeys
-from fleet.prewarm import add_order, parse_duration, read_orders
+from fleet.durations import parse_duration
+from fleet.store.keys import TierKeys
+from fleet.store.leader import Lease
+from fleet.store.prewarm_orders import add_order, read_orders
 from scaler.backends import DockerBackend, LocalBackend, Supervised, container_spec
-from scaler.lease import Lease
 from scaler.loop import _has_budget, budget_ceiling_of, gpu_ceiling
 from scaler.placement import Placement, discover
 

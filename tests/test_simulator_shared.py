@@ -17,11 +17,12 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
-from fleet.governor import publish
-from fleet.keys import TierKeys
-from fleet.line import Line
 from fleet.policy import ScaleDecision
-from fleet.policy.budget import BudgetView
+from fleet.policy.tier_budget import BudgetView
+from fleet.store.keys import TierKeys
+from fleet.store.ledger import Spend
+from fleet.store.line import Line
+from fleet.store.tier_budget import BudgetState, publish_budget_state
 from scaler.backends import Supervised
 from scaler.loop import Scaler
 from scaler.placement import Placement
@@ -96,7 +97,8 @@ async def _live(redis_url: str, sc: Scenario, ready: int, waiting: int,
                     "started": now - 100, "pid": 0}
             await r.hset(k.replicas, f"{TIER}-r{i}", orjson.dumps(beat))
         if ceiling is not None:
-            await publish(r, k, _view(ceiling), now, 30)
+            await publish_budget_state(r, k, BudgetState(_view(ceiling), Spend(), now - 3600, now + 3600, 0.0,
+                                                         float("inf"), now), 30)
         backend = RecordingBackend()
         scaler = Scaler(cfg, r, Supervisor(cfg, r, backend, Placement([])))
         decision = await scaler.tick_tier(TIER)

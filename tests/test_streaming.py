@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
-from fleet.line import Claimed, Line
+from fleet.store.line import Claimed, Line
 from workers.streaming import LeaseLost, StreamWriter
 
 
@@ -113,7 +113,7 @@ async def test_an_attempt_whose_lease_was_reaped_writes_nothing(line: Line) -> N
     """A replica that stalled past its lease must not stream into the request's next attempt."""
     [old] = await running(line, lease_s=0.05)
     await asyncio.sleep(0.1)
-    assert await line.reap() == (1, 0)  # back in the line, not streamed yet
+    assert await line.reap() == (1, 0, 0)  # back in the line, not streamed yet
     [new] = await line.claim("w", 1, 5)  # the same replica gets it again: attempt 2
     assert new.rid == old.rid and new.attempt == 2 and new.owner != old.owner
     w = StreamWriter(line, window_s=0)

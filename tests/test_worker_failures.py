@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority, load_config
-from fleet.line import Line
+from fleet.store.line import Line
 from tests.harness import ROOT, TEST_CONFIG, Fleet
 from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.worker import Worker

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from fleet.line import Line
+from fleet.store.line import Line
 
 WINDOW_S = 0.02  # 20 ms: below what a reader notices, a few decode steps of a busy engine
 

@@ -18,14 +18,15 @@ import time
 import uuid
 from typing import Any
 
-import orjson
 from redis.asyncio import Redis
 
 from fleet import metrics
 from fleet.config import FleetConfig
-from fleet.ledger import Ledger
-from fleet.line import Claimed, Line
 from fleet.policy import replica_concurrency
+from fleet.store.connection import Clients
+from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
+from fleet.store.ledger import Ledger
+from fleet.store.line import Claimed, Line
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.streaming import LeaseLost, StreamWriter
 
@@ -34,15 +35,18 @@ log = logging.getLogger("fleet.worker")
 
 class Worker:
     def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
-                 replica_id: str | None = None, engine_name: str = "sim") -> None:
+                 replica_id: str | None = None, engine_name: str = "sim", blocking: Redis | None = None,
+                 pubsub: Redis | None = None) -> None:
         self.cfg = cfg
         self.tier = tier
         self.tc = cfg.tiers[tier]
         self.engine = engine
         self.engine_name = engine_name
         self.redis = redis
+        self.pubsub_redis = pubsub or redis  # subscriptions wait without a read timeout
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
-        self.line = Line(redis, cfg.namespace, tier, result_ttl_s=cfg.result_ttl_s, rate_window_s=cfg.rate_window_s)
+        self.line = Line(redis, cfg.namespace, tier, result_ttl_s=cfg.result_ttl_s, rate_window_s=cfg.rate_window_s,
+                         blocking=blocking)
         self.ledger = Ledger(redis, cfg.namespace, tier, self.tc)
         self.state = "starting"
         self.active: dict[str, asyncio.Task[None]] = {}
@@ -90,7 +94,7 @@ class Worker:
             with contextlib.suppress(Exception):  # the last seconds cost too; then nothing more for this id
                 await self.ledger.accrue(self.replica_id, self.state, self.started_at, final=True)
             await self.streams.stop()
-            await self.redis.hdel(self.line.keys.replicas, self.replica_id)
+            await remove_heartbeat(self.redis, self.line.keys, self.replica_id)
             try:
                 await self.engine.stop()
             except Exception:  # an engine that never started may not stop cleanly either
@@ -247,7 +251,7 @@ class Worker:
         # lease renewal in each heartbeat is the backstop (a cancelled request's
         # lease is gone), so a lost connection delays an abort by a beat at most.
         while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.pubsub_redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.line.keys.cancel_channel)
                 async for msg in pubsub.listen():
@@ -267,10 +271,10 @@ class Worker:
     async def _heartbeat_once(self) -> None:
         metrics.WORKER_ACTIVE.labels(self.tier, self.replica_id).set(len(self.active))
         metrics.WORKER_SLOTS.labels(self.tier, self.replica_id).set(self.concurrency)
-        beat = {"state": self.state, "slots": self.concurrency, "in_use": len(self.active), "completed": self.completed,
-                "cold_start_s": self.cold_start_s, "ts": time.time(), "started": self.started_at, "pid": os.getpid(),
-                "engine": self.engine_name}
-        await self.redis.hset(self.line.keys.replicas, self.replica_id, orjson.dumps(beat))
+        await write_heartbeat(self.redis, self.line.keys, Heartbeat(
+            id=self.replica_id, state=self.state, slots=self.concurrency, in_use=len(self.active),  # type: ignore[arg-type]
+            completed=self.completed, cold_start_s=self.cold_start_s, ts=time.time(), started=self.started_at,
+            pid=os.getpid(), engine=self.engine_name))
         # Replica-seconds by state into the spend ledger (idempotent: see fleet.ledger).
         await self.ledger.accrue(self.replica_id, self.state, self.started_at)
 
@@ -298,9 +302,10 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: s
 
         start_http_server(metrics_port, addr=metrics_host)
 
-    redis = Redis.from_url(redis_url)
+    clients = Clients.open(redis_url, name=f"worker:{tier}")
     engine = build_engine(engine_name, cfg.tiers[tier], time_scale=time_scale)
-    worker = Worker(cfg, tier, engine, redis, replica_id=replica_id, engine_name=engine_name)
+    worker = Worker(cfg, tier, engine, clients.calls, replica_id=replica_id, engine_name=engine_name,
+                    blocking=clients.blocking, pubsub=clients.pubsub_client)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -311,5 +316,5 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: s
         log.error("replica %s: the %s engine failed to start: %s", worker.replica_id, engine_name, e)
         return 1
     finally:
-        await redis.aclose()
+        await clients.aclose()
     return 1 if worker.failed else 0

@@ -7,7 +7,7 @@ the math, so the live fleet and its replay cannot disagree. Import from here:
 - `capacity`: the autoscaling exercise's functions and the meters.
 - `admission`: join the line or be refused (drain, deadline, budget), and the
   service forecast it rests on.
-- `budget`: the budget governor (windows, projected spend, the budget
+- `tier_budget`: the tier budget governor (windows, projected spend, the budget
   ceiling, exhausted or not, cost per useful token).
 - `scaling`: the tier decision (scale out, in, hold, capped, with its reason)
   and the pre-warm windows.
@@ -26,15 +26,6 @@ from fleet.policy.admission import (
     service_batch,
     service_forecast,
 )
-from fleet.policy.budget import (
-    BudgetObservation,
-    BudgetView,
-    active_windows,
-    budget_ceiling,
-    cost_per_useful_million,
-    judge,
-    projected_spend,
-)
 from fleet.policy.capacity import (
     backlog_during_startup,
     cost_per_million_tokens,
@@ -45,18 +36,24 @@ from fleet.policy.capacity import (
     seconds_to_drain,
     startup_seconds,
 )
+from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.scaling import (
-    Prewarm,
-    PrewarmOrder,
     ScaleDecision,
     TierState,
-    active_prewarm,
     ceiling_of,
     decide_tier,
     effective_per_replica_rate,
-    prewarm_lead_s,
     start_timeout_s,
     wedged,
+)
+from fleet.policy.tier_budget import (
+    BudgetObservation,
+    BudgetView,
+    active_windows,
+    budget_ceiling,
+    cost_per_useful_million,
+    judge,
+    projected_spend,
 )
 
 __all__ = [

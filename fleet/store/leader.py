@@ -1,4 +1,8 @@
-"""Leader lease: only one scaler acts at a time; a standby takes over when it stops renewing.
+"""The scaler's leader lease: `scaler_leader_key`, only one scaler acts at a time.
+
+Writer: the scalers (`Lease.hold`, `Lease.release`): a standby takes over when
+the leader stops renewing. Reader: anyone asking whether a scaler acts now
+(`leader_of`): the gateway ticks the budget governor itself only while none does.
 
 SET NX PX takes the lease; the holder renews it every tick with a
 compare-and-expire script, so a scaler that lost it (paused, partitioned)
@@ -8,6 +12,8 @@ can never extend someone else's lease, and finds out at its next tick.
 from __future__ import annotations
 
 from redis.asyncio import Redis
+
+from fleet.store.keys import scaler_leader_key
 
 # Renew if we hold it, else take it if it is free: one round trip, atomic.
 _ACQUIRE = """
@@ -49,3 +55,9 @@ class Lease:
     async def holder(self) -> str | None:
         v = await self.redis.get(self.key)
         return v.decode() if isinstance(v, bytes) else v
+
+
+async def leader_of(redis: Redis, namespace: str) -> str | None:
+    """The id of the scaler holding the lease, or None when no scaler acts."""
+    v = await redis.get(scaler_leader_key(namespace))
+    return v.decode() if isinstance(v, bytes) else v

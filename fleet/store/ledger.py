@@ -21,7 +21,7 @@ request completed within its deadline are also counted as *useful*, the
 chapter's denominator for cost per token. Late, failed or cancelled tokens
 cost, but are not useful.
 
-Layout, per tier (hash tag `{tier}`, see `fleet.keys`): one HASH per UTC day,
+Layout, per tier (hash tag `{tier}`, see `fleet.store.keys`): one HASH per UTC day,
 `ledger:d:<day>`, with each amount at three grains, `m<minute>:<kind>`,
 `h<hour>:<kind>` and `d:<kind>`, so any window, whenever it was configured,
 is summed from a few dozen fields (whole days, whole hours, then minutes at
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from fleet.config import TierConfig
-from fleet.keys import TierKeys
+from fleet.store.keys import TierKeys
+from fleet.store.lua import CLOCK
 
 NANO = 1_000_000_000
 STATES = ("starting", "ready", "draining")
@@ -46,14 +47,8 @@ KINDS = ("rs:starting", "rs:ready", "rs:draining", "usd", "usdt", "tok", "ctok",
 RETAIN_DAYS = 40  # day hashes expire after this; named windows and the day never reach back further
 MAX_GAP_S = 300.0  # a longer silence is charged only this much (the last MAX_GAP_S before the beat that ends it)
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function n2s(x) return string.format('%.0f', x) end
-"""
-
 # KEYS: beats total ; ARGV: day_prefix replica state started_ms hourly_nano cap_ms final ttl_s
-ACCRUE = _NOW + """
+ACCRUE = CLOCK + """
 local prev = redis.call('HGET', KEYS[1], ARGV[2])
 local from, st = tonumber(ARGV[4]), 'starting'
 if prev then
@@ -99,7 +94,7 @@ return total_ms
 """
 
 # KEYS: total ; ARGV: day_prefix key class prompt completion useful(0|1) nano_per_token ttl_s
-TOKENS = _NOW + """
+TOKENS = CLOCK + """
 local minute = math.floor(now / 60000)
 local key = ARGV[1] .. n2s(math.floor(minute / 1440))
 local pt, ct = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -1,4 +1,4 @@
-"""Per-key requests-per-minute and tokens-per-minute limits, atomic in Redis.
+"""Per-key requests-per-minute and tokens-per-minute limits, atomic in Redis (the key's window).
 
 A sliding window of sixty one-second buckets in one hash per key. One Lua
 call counts the window, and either refuses or takes the request and its
@@ -6,7 +6,8 @@ call counts the window, and either refuses or takes the request and its
 slip past the limit (LiteLLM counts tokens after the call and bursts go
 through). When the request ends, `settle` replaces the estimate with the real
 count in the bucket it was taken from; `release` gives everything back (the
-request was refused further on, expired or cancelled before it ran).
+request was refused further on, expired or cancelled before it ran). Writer and
+reader: the gateways' admission (`gateway.key_limits`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from fleet.keys import ApiKeyKeys
+from fleet.store.keys import ApiKeyKeys
+from fleet.store.lua import CLOCK
 
 WINDOW_S = 60
 
 # KEYS: window ; ARGV: rpm (0: none) tpm (0: none) tokens
 # Returns {1, bucket} when taken, {0, 'rpm'|'tpm', retry_after_s} when refused.
-RESERVE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local sec = math.floor(now)
+RESERVE = CLOCK + """
+local now_s = now / 1000
+local sec = math.floor(now_s)
 local lo = sec - 59
 local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local all = redis.call('HGETALL', KEYS[1])
@@ -51,7 +52,7 @@ local function wait_for(buckets, used, need, limit)
   local acc = 0
   for b = lo, sec do
     acc = acc + (buckets[b] or 0)
-    if used - acc + need <= limit then return (b + 60) - now end
+    if used - acc + need <= limit then return (b + 60) - now_s end
   end
   return 60
 end
@@ -69,10 +70,9 @@ return {1, sec}
 
 # KEYS: window ; ARGV: bucket d_requests d_tokens
 # Adjusts the bucket the reservation was taken from, if it is still in the window.
-ADJUST = """
-local t = redis.call('TIME')
+ADJUST = CLOCK + """
 local b = tonumber(ARGV[1])
-if b < tonumber(t[1]) - 59 then return 0 end
+if b < math.floor(now / 1000) - 59 then return 0 end
 if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBY', KEYS[1], 'r:' .. b, tonumber(ARGV[2])) end
 if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', KEYS[1], 't:' .. b, tonumber(ARGV[3])) end
 return 1

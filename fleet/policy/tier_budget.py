@@ -157,24 +157,6 @@ def cost_per_useful_million(spent_usd: float, useful_tokens: int, seconds: float
     return cost_per_million_tokens(spent_usd * 3600.0 / seconds, useful_tokens / seconds)
 
 
-def key_usd_per_million(tc: TierConfig, replica_tokens_per_s: float) -> float:
-    """The price a key pays per million tokens on this tier.
-
-    The tier's per-token price where one is configured; otherwise the
-    replica's hourly price spread over what a full replica serves, so keys on
-    GPU-hour-priced tiers still have a dollar cost per call.
-    """
-    if tc.usd_per_million_tokens is not None:
-        return tc.usd_per_million_tokens
-    if tc.hourly_usd <= 0:
-        return 0.0
-    return cost_per_million_tokens(tc.hourly_usd, replica_tokens_per_s)
-
-
-def tokens_usd(tokens: int, usd_per_million: float) -> float:
-    return tokens * usd_per_million / 1e6
-
-
 # --- Projection and ceiling -----------------------------------------------------
 
 

@@ -1,20 +1,57 @@
-"""The per-key dollar budget as a step of the gateway's admission sequence.
+"""The API key's own limits, as steps of the gateway's admission sequence.
 
-Reserve the request's worst case (estimated prompt + max_tokens at the key's
-price on its tier) before the tier decision; the ticket settles it to the
-real usage at completion, or releases it on refusal, expiry, cancel or
-failure. The atomic accounting is `fleet.keybudget`'s Lua.
+- requests and tokens per minute (`rpm`, `tpm`): one atomic round trip that
+  counts the window and takes the request and its estimated tokens, or refuses
+  (`fleet.store.key_limits`);
+- the key's dollar budget (`budget_usd`): reserve the request's worst case
+  (estimated prompt + max_tokens at the key's price on its tier) before the
+  tier decision; the ticket settles it to the real usage at completion, or
+  releases it on refusal, expiry, cancel or failure (`fleet.store.key_budget`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig
-from fleet.keybudget import SWEEP_MARGIN_MS, KeyBudget, worst_case_usd
 from fleet.latency import per_replica_rate
-from fleet.policy.budget import key_usd_per_million, tokens_usd
-from gateway.admission import AdmissionRequest, Reservation, Usage, refusal
+from fleet.policy.key_budget import key_usd_per_million, tokens_usd, worst_case_usd
+from fleet.store.key_budget import SWEEP_MARGIN_MS, KeyBudget
+from fleet.store.key_limits import Limited, RateLimiter, Taken
+from gateway.tickets import AdmissionRequest, Reservation, Usage, refusal
+
+
+@dataclass(slots=True)
+class _RateReservation:
+    limiter: RateLimiter
+    taken: Taken
+
+    async def settle(self, usage: Usage) -> None:
+        await self.limiter.settle(self.taken, usage.total)
+
+    async def release(self) -> None:
+        await self.limiter.release(self.taken)
+
+
+class RateLimitStep:
+    name = "rate_limit"
+
+    def __init__(self, cfg: FleetConfig, redis: Redis) -> None:
+        self.limiter = RateLimiter(redis, cfg.namespace)
+
+    async def reserve(self, req: AdmissionRequest) -> Reservation | None:
+        key = req.caller.key
+        if key is None or (key.rpm is None and key.tpm is None):
+            return None  # nothing to count: no round trip
+        got = await self.limiter.reserve(key.name, rpm=key.rpm, tpm=key.tpm, tokens=req.estimated_tokens)
+        if isinstance(got, Limited):
+            what = (f"{key.rpm} requests per minute" if got.limit == "rpm"
+                    else f"{key.tpm} tokens per minute (this request may use {req.estimated_tokens})")
+            raise refusal("rate_limited", f"API key {key.name!r} is over its limit of {what}", req,
+                          got.retry_after_s)
+        return _RateReservation(self.limiter, got)
 
 
 def tier_key_prices(cfg: FleetConfig) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Per-key dollar budgets: reserve at admission, settle at completion, release on refusal.
+"""API keys' dollar budgets: `ApiKeyKeys.budget`. Reserve at admission, settle at completion,
+release on refusal. Writer and reader: the gateways' admission (`gateway.key_limits`).
 
 Counting tokens after the call lets a concurrent burst slip past a budget
 (LiteLLM #18730): every caller checks before any has been charged. Here each
@@ -26,19 +27,14 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from fleet.keys import ApiKeyKeys
+from fleet.store.keys import ApiKeyKeys
+from fleet.store.lua import CLOCK
 
 NANO = 1_000_000_000
 SWEEP_MARGIN_MS = 60_000  # past a request's deadline, its reservation is certainly stale
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function n2s(x) return string.format('%.0f', x) end
-"""
-
 # KEYS: budget ; ARGV: rid nano budget_nano expiry_ms
-RESERVE = _NOW + """
+RESERVE = CLOCK + """
 local amount, budget = tonumber(ARGV[2]), tonumber(ARGV[3])
 local f = redis.call('HMGET', KEYS[1], 'spent', 'reserved')
 local spent, reserved = tonumber(f[1] or '0'), tonumber(f[2] or '0')
@@ -102,11 +98,6 @@ class Reservation:
 
 def to_nano(usd: float) -> int:
     return round(usd * NANO)
-
-
-def worst_case_usd(prompt_tokens: int, max_tokens: int, usd_per_million: float) -> float:
-    """The most a request may cost: its prompt estimate and every token it may generate."""
-    return (max(0, prompt_tokens) + max(0, max_tokens)) * usd_per_million / 1e6
 
 
 class KeyBudget:

@@ -1,5 +1,9 @@
-"""Redis key names. Every key of a tier shares the hash tag `{tier}`, so a
-tier's Lua scripts touch one slot and the protocol runs on Redis Cluster."""
+"""Redis key names, one per key family. Every key of a tier shares the hash tag `{tier}`, so a
+tier's Lua scripts touch one slot and the protocol runs on Redis Cluster.
+
+Each family has one module in `fleet.store` that defines its record, its writer
+and its reader; the docstring of each name says which.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ class TierKeys:
 
     @property
     def replicas(self) -> str:
-        """HASH replica id -> heartbeat JSON."""
+        """HASH replica id -> heartbeat JSON (`fleet.store.heartbeats`)."""
         return self._k("replicas")
 
     @property
@@ -64,37 +68,39 @@ class TierKeys:
 
     @property
     def budget(self) -> str:
-        """HASH of the tier's budget state as the governor last judged it:
-        `exhausted` ("1" or "0"), `retry_at` (epoch seconds when the window
-        resets), `window` (its name), `spent`, `projected`, `budget` (dollars),
-        `ceiling` (most replicas the budget allows), `reason`, `ts` (when judged).
-        The gateway's admission reads it; the scaler reads `ceiling`; the budget
-        governor (`fleet.governor.govern`) writes it, with a TTL, so a governor
-        that stopped leaves no stale refusal behind."""
+        """HASH of the tier's budget judgement as the governor last published it, with a
+        TTL (`fleet.store.tier_budget`)."""
         return self._k("budget")
+
+    @property
+    def capacity(self) -> str:
+        """HASH of the tier's calibrated capacity as the scaler last published it, for the
+        gateways' admission (`fleet.store.capacity`)."""
+        return self._k("capacity")
 
     @property
     def admitting(self) -> str:
         """ZSET "rank:request id" -> expiry (Redis clock, ms) of requests admitted but
-        not yet in the line, so that a burst of concurrent admissions sees each other."""
+        not yet in the line, so that a burst of concurrent admissions sees each other
+        (`fleet.store.admitting`)."""
         return self._k("admitting")
 
     @property
     def prewarm(self) -> str:
         """HASH order id -> JSON {floor, until, created}: operator pre-warms
-        (POST /v1/fleet/prewarm, `fleet prewarm`); the scaler prunes expired ones."""
+        (POST /v1/fleet/prewarm, `fleet prewarm`); the scaler prunes expired ones
+        (`fleet.store.prewarm_orders`)."""
         return self._k("prewarm")
 
     @property
     def scaler(self) -> str:
-        """HASH of what the scaler last decided for the tier: floor, ceiling,
-        ceiling_by, prewarm_*, action, delta, reason, at, calm_since, startup_s,
-        deaths, start_timeouts. The status page reads it; a new leader resumes from it."""
+        """HASH of what the scaler last decided for the tier (`fleet.store.scaler_state`)."""
         return self._k("scaler")
 
     @property
     def decisions(self) -> str:
-        """STREAM (capped) of scaling decisions with their reasons, for operators."""
+        """STREAM (capped) of scaling decisions and replica events with their reasons, for
+        operators (`fleet.store.scaler_state`)."""
         return self._k("decisions")
 
     @property
@@ -111,11 +117,11 @@ class TierKeys:
 
     @property
     def ledger_total(self) -> str:
-        """HASH of lifetime spend totals (see `fleet.ledger`)."""
+        """HASH of lifetime spend totals (see `fleet.store.ledger`)."""
         return self._k("ledger:total")
 
     def ledger_day(self, day: int) -> str:
-        """HASH of one UTC day's spend, by minute, hour and day (see `fleet.ledger`)."""
+        """HASH of one UTC day's spend, by minute, hour and day (see `fleet.store.ledger`)."""
         return self._k(f"ledger:d:{day}")
 
     def request(self, rid: str) -> str:
@@ -142,7 +148,7 @@ class ApiKeyKeys:
     @property
     def budget(self) -> str:
         """HASH of the key's dollar budget: `spent`, `reserved`, `unbilled` (nano-dollars)
-        and `r:<request id>` -> "nano|expiry ms" per open reservation (see `fleet.keybudget`)."""
+        and `r:<request id>` -> "nano|expiry ms" per open reservation (see `fleet.store.key_budget`)."""
         return f"{self.namespace}:{{key:{self.name}}}:budget"
 
 

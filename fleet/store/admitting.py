@@ -1,0 +1,96 @@
+"""What admission sees of a tier in one round trip, and the "being admitted" marks: `TierKeys.admitting`.
+
+The gateway's admission reads the line by class, the completions, the busy
+spell and the budget judgement, and marks its request as being admitted, in
+ONE Lua call, so a burst of concurrent calls sees each other instead of all
+reading the same empty line. The mark (`"<rank>:<request id>"`, scored by
+its expiry on the Redis clock) is dropped by ENQUEUE when the request joins
+the line, by `unmark` when it is refused, and by its expiry if its gateway
+dies in between. Writer and reader of the marks: the gateways' admission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from fleet.store.keys import TierKeys
+from fleet.store.line_scripts import LUA_BY_CLASS
+from fleet.store.lua import CLOCK
+from fleet.store.tier_budget import EXHAUSTED, RETRY_AT
+
+# How long a "being admitted" mark lives if its gateway dies between the decision and the line.
+ADMITTING_HOLD_MS = 5000
+
+# KEYS: line completions budget admitting ; ARGV: window_ms prefix member hold_ms
+# Returns: now_ms, waiting by class (4), being admitted by class (4), busy_ms,
+#          completions in window, completions while busy, budget exhausted, budget retry_at
+OBSERVE_AND_MARK = CLOCK + LUA_BY_CLASS + f"""
+local out = {{n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}}
+local oldest = oldest_enq
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now))
+local pend = {{0, 0, 0, 0}}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  local r = tonumber(string.sub(m, 1, 1)) + 1
+  pend[r] = pend[r] + 1
+end
+for r = 1, 4 do out[#out + 1] = pend[r] end
+redis.call('ZADD', KEYS[4], n2s(now + tonumber(ARGV[4])), ARGV[3])
+redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[4]) * 2)
+local busy = now - oldest
+local window = tonumber(ARGV[1])
+out[#out + 1] = n2s(busy)
+out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - window), '+inf')
+out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - math.min(busy, window)), '+inf')
+local b = redis.call('HMGET', KEYS[3], '{EXHAUSTED}', '{RETRY_AT}')
+out[#out + 1] = b[1] or '0'
+out[#out + 1] = b[2] or ''
+return out
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    """The tier as one admission saw it, this request's mark included in nothing yet."""
+
+    now_ms: int
+    waiting: tuple[int, int, int, int]  # in the line, by class
+    admitting: tuple[int, int, int, int]  # being admitted by other calls right now, by class
+    busy_ms: int  # how long the line has been non-empty
+    completions_in_window: int
+    completions_while_busy: int  # within the busy spell (capped at the window)
+    budget_exhausted: bool
+    budget_retry_at: float | None  # epoch seconds
+
+    @property
+    def line(self) -> tuple[int, int, int, int]:
+        """Waiting plus being admitted: what a new call would queue behind."""
+        w, a = self.waiting, self.admitting
+        return (w[0] + a[0], w[1] + a[1], w[2] + a[2], w[3] + a[3])
+
+
+class Admitting:
+    """One namespace's admission view and marks (the scripts registered once)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._observe = redis.register_script(OBSERVE_AND_MARK)
+
+    async def observe_and_mark(self, keys: TierKeys, prefix: str, member: str, window_ms: int) -> AdmissionSnapshot:
+        raw = await self._observe(keys=[keys.line, keys.completions, keys.budget, keys.admitting],
+                                  args=[window_ms, prefix, member, ADMITTING_HOLD_MS])
+        retry_at = _s(raw[13])
+        return AdmissionSnapshot(
+            now_ms=int(raw[0]), waiting=tuple(int(x) for x in raw[1:5]),  # type: ignore[arg-type]
+            admitting=tuple(int(x) for x in raw[5:9]),  # type: ignore[arg-type]
+            busy_ms=int(raw[9]), completions_in_window=int(raw[10]), completions_while_busy=int(raw[11]),
+            budget_exhausted=_s(raw[12]) == "1", budget_retry_at=float(retry_at) if retry_at else None)
+
+    async def unmark(self, keys: TierKeys, member: str) -> None:
+        """The request was refused: it is no longer being admitted."""
+        await self.redis.zrem(keys.admitting, member)
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

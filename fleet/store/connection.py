@@ -1,0 +1,159 @@
+"""The one place every part gets its Redis clients: timeouts by role, retries, health checks.
+
+Every part (gateway, workers, scaler, the command) asks here; nothing else calls
+`Redis.from_url`. A client is built for a *role*, because one set of timeouts
+cannot fit every call:
+
+- `calls`: ordinary commands and Lua scripts. A short read timeout turns a
+  frozen Redis into a typed error (a 503 at the gateway) instead of a hang.
+  Five seconds, not one: on a loaded 2-core box a process can stall for a
+  second or two, and a false timeout costs a caller a 503.
+- `blocking`: BLPOP and XREAD BLOCK. Its read timeout exceeds the longest block
+  any part asks for (`MAX_BLOCK_S`), so a block that simply ran its course is
+  never mistaken for a dead server.
+- `pubsub`: subscriptions wait for messages indefinitely, so no read timeout;
+  a health check (PING) every few seconds of silence finds a dead link instead.
+
+Retries: a connection error (refused, reset) is retried three times with a
+short exponential backoff with jitter, so a Redis that restarts is ridden
+through. A *timeout* is not retried: the command may have run (an enqueue, a
+token charge), and running it twice would count it twice.
+
+Where Sentinel or Redis Cluster plug in: `parse_url` reads the scheme, and
+`BUILDERS` maps each scheme to a function that builds the client. Adding
+`redis+cluster://` is one builder (e.g. around `redis.asyncio.cluster.RedisCluster`)
+and one entry in `BUILDERS` and `SYNC_BUILDERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import redis as sync_redis
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry as SyncRetry
+
+Role = Literal["calls", "blocking", "pubsub"]
+
+MAX_BLOCK_S = 5.0  # the longest BLPOP / XREAD BLOCK any part issues; readers clamp their blocks to it
+RETRIES = 3
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float
+    read_s: float | None  # None: wait for a reply as long as it takes (subscriptions)
+    health_check_s: int  # PING a connection idle this long before using it
+
+
+ROLE_TIMEOUTS: dict[Role, Timeouts] = {
+    "calls": Timeouts(connect_s=2.0, read_s=5.0, health_check_s=30),
+    "blocking": Timeouts(connect_s=2.0, read_s=MAX_BLOCK_S + 5.0, health_check_s=30),
+    "pubsub": Timeouts(connect_s=2.0, read_s=None, health_check_s=10),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where a URL points and which kind of deployment it names."""
+
+    url: str
+    scheme: str  # "redis", "rediss", "unix" (and, once added, "redis+cluster")
+
+
+SUPPORTED = ("redis", "rediss", "unix")
+
+
+def parse_url(url: str) -> RedisTarget:
+    """The target of a REDIS_URL; ValueError naming the supported schemes otherwise."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in BUILDERS:
+        raise ValueError(f"REDIS_URL {url!r}: unsupported scheme {scheme or '(none)'!r}; "
+                         f"use one of {', '.join(s + '://' for s in BUILDERS)}")
+    return RedisTarget(url, scheme)
+
+
+def _options(role: Role, connect_timeout_s: float | None) -> dict[str, Any]:
+    t = ROLE_TIMEOUTS[role]
+    return {"socket_connect_timeout": connect_timeout_s if connect_timeout_s is not None else t.connect_s,
+            "socket_timeout": t.read_s, "socket_keepalive": True, "health_check_interval": t.health_check_s,
+            "retry_on_error": [RedisConnectionError]}
+
+
+def _single(target: RedisTarget, options: dict[str, Any]) -> Redis:
+    retry = Retry(ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S), RETRIES,
+                  supported_errors=(RedisConnectionError,))
+    return Redis.from_url(target.url, retry=retry, **options)
+
+
+def _single_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Redis:
+    retries = options.pop("retries", RETRIES)
+    retry = SyncRetry(ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S), retries,
+                      supported_errors=(RedisConnectionError,))
+    return sync_redis.Redis.from_url(target.url, retry=retry, **options)
+
+
+# scheme -> how to build a client for it. One entry per deployment kind.
+BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], Redis]] = dict.fromkeys(SUPPORTED, _single)
+SYNC_BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], sync_redis.Redis]] = dict.fromkeys(
+    SUPPORTED, _single_sync)
+
+
+def connect(url: str, role: Role = "calls", *, max_connections: int | None = None, name: str | None = None,
+            connect_timeout_s: float | None = None) -> Redis:
+    """An asyncio client for `role`. `name` shows in CLIENT LIST (which part holds the connection)."""
+    target = parse_url(url)
+    options = _options(role, connect_timeout_s)
+    if max_connections is not None:
+        options["max_connections"] = max_connections
+    if name:
+        options["client_name"] = name
+    return BUILDERS[target.scheme](target, options)
+
+
+def connect_sync(url: str, role: Role = "calls", *, connect_timeout_s: float | None = None,
+                 read_timeout_s: float | None = None, retries: int = RETRIES) -> sync_redis.Redis:
+    """A blocking client, for the command line (`fleet keys`) and start-up probes (which
+    pass `retries=0`: a probe asks once whether something answers)."""
+    target = parse_url(url)
+    options = _options(role, connect_timeout_s)
+    options["retries"] = retries
+    if read_timeout_s is not None:
+        options["socket_timeout"] = read_timeout_s
+    return SYNC_BUILDERS[target.scheme](target, options)
+
+
+@dataclass
+class Clients:
+    """A part's Redis clients, one per role it uses; closed together."""
+
+    calls: Redis
+    blocking: Redis
+    _pubsub: Redis | None = None
+    _url: str = ""
+
+    @classmethod
+    def open(cls, url: str, *, name: str, max_connections: int | None = None,
+             max_blocking: int | None = None) -> Clients:
+        return cls(connect(url, "calls", max_connections=max_connections, name=name),
+                   connect(url, "blocking", max_connections=max_blocking, name=f"{name}:blocking"), None, url)
+
+    @property
+    def pubsub_client(self) -> Redis:
+        """The subscriptions' client, made on first use (most parts never subscribe)."""
+        if self._pubsub is None:
+            self._pubsub = connect(self._url, "pubsub", name=None)
+        return self._pubsub
+
+    async def aclose(self) -> None:
+        for c in (self.calls, self.blocking, self._pubsub):
+            if c is not None:
+                await c.aclose()

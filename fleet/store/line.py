@@ -1,0 +1,220 @@
+"""The line: one Redis priority queue per tier, with leases, in a few atomic Lua scripts
+(`fleet.store.line_scripts`). Writers: the gateway (enqueue, finish on cancel or
+deadline) and the workers (claim, renew, emit, finish); both reap. Readers: the
+observers (`observe`), which the gateway's status, its metrics and the scaler share.
+
+Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
+
+- `line` ZSET, score = class rank * CLASS_SPAN + arrival sequence, so ZPOPMIN
+  gives strict class order and first come first served within a class. A
+  requeued request keeps its score, so it goes back ahead of everything that
+  arrived after it: the head of its class.
+- `inflight` ZSET, score = lease expiry on the Redis clock. Workers renew
+  leases while they run (streams last minutes; a fixed visibility timeout
+  would re-run long jobs); a reaper requeues what expired.
+- `req:<id>` HASH, the request and its state. `state` moves queued -> running
+  -> done, and only `finish` sets done, once: that is what makes every
+  accepted request end in exactly one outcome.
+- `res:<id>` STREAM of events for the caller, with a TTL so unread results
+  cannot pile up.
+
+Deadlines are absolute on the Redis clock, set from the relative
+X-Deadline-Ms at enqueue, so gateway and worker clocks need not agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import orjson
+from redis.asyncio import Redis
+
+from fleet.config import Priority
+from fleet.store.connection import MAX_BLOCK_S
+from fleet.store.keys import TierKeys
+from fleet.store.line_scripts import CLAIM, CLASS_SPAN, EMIT, ENQUEUE, FINISH, OBSERVE, OUTCOMES, REAP, RENEW
+
+__all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Line", "LineSnapshot", "Reaped"]
+
+
+@dataclass(slots=True)
+class Claimed:
+    rid: str
+    payload: dict[str, Any]
+    attempt: int
+    remaining_ms: int  # time left to the deadline at claim, on the Redis clock
+    waited_ms: int
+    priority: str
+    owner: str  # this attempt's lease on the request: "<replica>:<attempt>"
+
+    @property
+    def lease(self) -> str:
+        """Names this attempt of this request uniquely within a replica."""
+        return f"{self.rid}@{self.owner}"
+
+
+@dataclass(slots=True)
+class LineSnapshot:
+    """What the line looks like now; the raw counts the policy reads."""
+
+    now_ms: int
+    by_class: tuple[int, int, int, int]
+    oldest_wait_s: float
+    inflight: int
+    arrivals_in_window: int
+    completions_in_window: int
+    counters: dict[str, int]
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.by_class)
+
+    def ahead_of(self, priority: Priority) -> int:
+        """Requests a new arrival of this class would wait behind."""
+        return sum(self.by_class[: priority + 1])
+
+
+class Reaped(NamedTuple):
+    """What one reaper pass did with the leases that ran out."""
+
+    requeued: int  # back at the head of their class
+    lost: int  # failed: tokens already streamed, or too many attempts
+    expired: int  # their request hash was gone: counted expired, as CLAIM counts it
+
+
+class Line:
+    """One tier's line. Safe to share across tasks; every mutation is one Lua call.
+
+    `redis` runs the scripts; `blocking` (a client whose read timeout exceeds
+    the block, see `fleet.store.connection`) waits on the bell. Without it the
+    one client does both, as in tests.
+    """
+
+    def __init__(self, redis: Redis, namespace: str, tier: str, *, result_ttl_s: int = 300,
+                 rate_window_s: float = 10.0, blocking: Redis | None = None) -> None:
+        self.redis = redis
+        self.blocking = blocking or redis
+        self.tier = tier
+        self.keys = TierKeys(namespace, tier)
+        self.prefix = self.keys.request("")[: -len("req:")]
+        self.result_ttl_s = result_ttl_s
+        self.window_ms = int(rate_window_s * 1000)
+        self._enqueue = redis.register_script(ENQUEUE)
+        self._claim = redis.register_script(CLAIM)
+        self._renew = redis.register_script(RENEW)
+        self._finish = redis.register_script(FINISH)
+        self._reap = redis.register_script(REAP)
+        self._observe = redis.register_script(OBSERVE)
+        self._emit = redis.register_script(EMIT)
+
+    async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
+                      chain: str = "", admitting: tuple[str, str] | None = None) -> int:
+        """Join the line; returns the absolute deadline on the Redis clock.
+
+        `admitting` (key, member): the admission mark this request held, dropped
+        in the same step, so no instant counts it twice or not at all.
+        """
+        k = self.keys
+        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid)]
+        args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
+                           self.window_ms]
+        if admitting:
+            keys.append(admitting[0])
+            args.append(admitting[1])
+        deadline, _ = await self._enqueue(keys=keys, args=args)
+        return int(deadline)
+
+    async def claim(self, replica: str, n: int, lease_s: float) -> list[Claimed]:
+        """Take up to `n` requests from the head of the line under a lease of `lease_s`.
+
+        Highest class first, first come first served within a class. Requests
+        whose deadline passed in the line are ended as expired on the way and
+        never returned (see CLAIM in `fleet.store.line_scripts`).
+        """
+        if n <= 0:
+            return []
+        k = self.keys
+        rows = await self._claim(keys=[k.line, k.inflight, k.counters],
+                                 args=[n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s])
+        return [
+            Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
+                    waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]))
+            for r in rows
+        ]
+
+    async def renew(self, held: list[tuple[str, str]], lease_s: float) -> list[str]:
+        """Extend the leases of running requests, (rid, owner) each; returns the rids no longer held."""
+        if not held:
+            return []
+        args: list[Any] = [int(lease_s * 1000), self.prefix]
+        for rid, owner in held:
+            args += [rid, owner]
+        lost = await self._renew(keys=[self.keys.inflight], args=args)
+        return [_s(r) for r in lost]
+
+    async def finish(self, rid: str, outcome: str, event: dict[str, Any] | None = None, *, owner: str = "",
+                     prompt_tokens: int = 0, completion_tokens: int = 0) -> str | None:
+        """End a request with one outcome. Only the first call for a request wins.
+
+        Returns the state it ended it from ("queued": no engine saw it;
+        "running": an engine had it), or None if it was already ended, or
+        `owner` no longer holds it.
+
+        `owner` set: only if that attempt still holds the lease (a worker whose
+        lease was reaped must not complete a request someone else now runs).
+        `owner` empty: the gateway ending it (cancel, deadline); a running
+        request is then aborted in its engine through the cancel channel.
+        """
+        k = self.keys
+        ok = await self._finish(
+            keys=[k.line, k.inflight, k.counters, k.completions, k.request(rid), k.result(rid)],
+            args=[rid, outcome, owner, orjson.dumps(event) if event else "", self.result_ttl_s, self.window_ms,
+                  prompt_tokens, completion_tokens, k.cancel_channel],
+        )
+        return _s(ok) or None
+
+    async def reap(self, max_attempts: int = 3) -> Reaped:
+        """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`)."""
+        k = self.keys
+        requeued, lost, expired = await self._reap(keys=[k.inflight, k.line, k.counters, k.bell, k.dead],
+                                                   args=[self.prefix, max_attempts, self.result_ttl_s])
+        return Reaped(int(requeued), int(lost), int(expired))
+
+    async def observe(self) -> LineSnapshot:
+        """The line now: waiting by class, oldest wait, in flight, arrivals and completions in the
+        rate window, and the outcome counters; one round trip."""
+        k = self.keys
+        now, by_class, oldest, inflight, arrivals, completions, counters = await self._observe(
+            keys=[k.line, k.inflight, k.counters, k.arrivals, k.completions], args=[self.window_ms, self.prefix])
+        flat = [_s(x) for x in counters]
+        return LineSnapshot(
+            now_ms=int(now), by_class=tuple(int(c) for c in by_class),  # type: ignore[arg-type]
+            oldest_wait_s=int(oldest) / 1000, inflight=int(inflight), arrivals_in_window=int(arrivals),
+            completions_in_window=int(completions),
+            counters={flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)},
+        )
+
+    async def emit(self, tokens: list[tuple[str, str, dict[str, Any], bool]]) -> list[int]:
+        """Append token events to result streams in one round trip: (rid, owner,
+        event, first) each. Returns the positions of the entries whose owner no
+        longer holds its lease (nothing was written for those).
+
+        A request's first streamed token also marks it `streamed`, in the same
+        step: from then on a lost worker means `worker_lost` for the caller,
+        never a silent rerun that would send tokens twice.
+        """
+        if not tokens:
+            return []
+        args: list[Any] = [self.prefix, self.result_ttl_s]
+        for rid, owner, event, first in tokens:
+            args += [rid, owner, "1" if first else "0", orjson.dumps(event)]
+        return [int(i) for i in await self._emit(keys=[self.keys.inflight], args=args)]
+
+    async def wait_for_work(self, timeout_s: float) -> None:
+        """Block until an enqueue rings the bell or the timeout passes."""
+        await self.blocking.blpop([self.keys.bell], timeout=min(timeout_s, MAX_BLOCK_S))
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

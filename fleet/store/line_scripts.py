@@ -1,0 +1,225 @@
+"""The line's Lua scripts: each mutation of a tier's line is one atomic script.
+
+`fleet.store.line.Line` is their only caller; the layout they share is in its
+module doc. Every script starts with the store's one clock preamble
+(`fleet.store.lua.CLOCK`): `now` is the Redis server's time in ms.
+"""
+
+from __future__ import annotations
+
+from fleet.store.lua import CLOCK
+
+CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
+OUTCOMES = ("completed", "expired", "cancelled", "failed")
+
+# After CLOCK. Reads KEYS[1] (the line) and ARGV[2] (the key prefix); sets
+# `by_class` (requests waiting per class, highest first) and `oldest_enq` (when
+# the longest waiter joined, or now). Shared by OBSERVE and the gateway's
+# admission view (`fleet.store.admitting`).
+LUA_BY_CLASS = """
+local by_class, oldest_enq = {}, now
+for rank = 0, 3 do
+  local lo, hi = n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15)
+  by_class[#by_class + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi)
+  local head = redis.call('ZRANGEBYSCORE', KEYS[1], lo, hi, 'LIMIT', 0, 1)
+  if #head > 0 then
+    local enq = tonumber(redis.call('HGET', ARGV[2] .. 'req:' .. head[1], 'enq') or now)
+    if enq < oldest_enq then oldest_enq = enq end
+  end
+end
+"""
+
+_EVENT = """
+local function emit(res, ev, ttl)
+  redis.call('XADD', res, '*', 'e', ev)
+  redis.call('EXPIRE', res, ttl)
+end
+"""
+
+# KEYS: line seq bell counters arrivals req [admitting]
+# ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms [admitting member]
+# Returns {deadline_ms, now_ms} on the Redis clock.
+ENQUEUE = CLOCK + """
+local seq = redis.call('INCR', KEYS[2])
+local score = n2s(tonumber(ARGV[2]) * 1e15 + seq)
+local deadline = now + tonumber(ARGV[4])
+redis.call('HSET', KEYS[6], 'payload', ARGV[3], 'rank', ARGV[2], 'priority', ARGV[5], 'chain', ARGV[6],
+  'deadline', n2s(deadline), 'enq', n2s(now), 'score', score, 'state', 'queued', 'attempt', 0, 'owner', '')
+redis.call('PEXPIRE', KEYS[6], tonumber(ARGV[4]) + tonumber(ARGV[7]) * 1000)
+redis.call('ZADD', KEYS[1], score, ARGV[1])
+redis.call('LPUSH', KEYS[3], 1)
+redis.call('LTRIM', KEYS[3], 0, 63)
+redis.call('HINCRBY', KEYS[4], 'accepted', 1)
+redis.call('ZADD', KEYS[5], n2s(now), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - tonumber(ARGV[8])))
+-- The gateway's "being admitted" mark: the line counts the request from now on.
+if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[9]) end
+return {n2s(deadline), n2s(now)}
+"""
+
+# KEYS: line inflight counters
+# ARGV: n replica lease_ms prefix ttl_s
+# Returns a list of up to n claimed requests, highest class first, each
+#   {rid, payload, attempt, remaining_ms, waited_ms, priority, owner}
+# where remaining_ms is the time left to its deadline and waited_ms its time in
+# the line (both on the Redis clock), and owner "<replica>:<attempt>" is the
+# lease this attempt holds. Requests popped but not returned ended on the way:
+# their deadline passed in the line (outcome expired, a 504 event for the
+# caller), or their hash had expired (counted expired). Pops are bounded, so a
+# line full of dead entries cannot stall the script.
+# The owner is per attempt: a replica that stalled past its lease and claimed
+# the same request again must not renew, stream into or finish the new attempt
+# with the old one.
+CLAIM = CLOCK + _EVENT + """
+local out = {}
+local n = tonumber(ARGV[1])
+local pops = 0
+while #out < n and pops < 4 * n + 16 do
+  pops = pops + 1
+  local head = redis.call('ZPOPMIN', KEYS[1])
+  if #head == 0 then break end
+  local rid = head[1]
+  local req = ARGV[4] .. 'req:' .. rid
+  local f = redis.call('HMGET', req, 'state', 'deadline', 'payload', 'attempt', 'enq', 'priority')
+  if not f[1] then
+    -- Its hash outlived its deadline by the result TTL: it expired, unseen.
+    redis.call('HINCRBY', KEYS[3], 'expired', 1)
+  elseif f[1] == 'queued' then
+    if tonumber(f[2]) <= now then
+      -- A request whose deadline passed in the line never reaches an engine.
+      redis.call('HSET', req, 'state', 'done', 'outcome', 'expired')
+      redis.call('HINCRBY', KEYS[3], 'expired', 1)
+      emit(ARGV[4] .. 'res:' .. rid, cjson.encode({t='err', status=504, type='deadline_exceeded',
+        msg='deadline passed while waiting in the line'}), tonumber(ARGV[5]))
+    else
+      local attempt = tonumber(f[4]) + 1
+      local owner = ARGV[2] .. ':' .. attempt
+      redis.call('HSET', req, 'state', 'running', 'owner', owner, 'attempt', attempt, 'claimed', n2s(now))
+      redis.call('ZADD', KEYS[2], n2s(now + tonumber(ARGV[3])), rid)
+      out[#out + 1] = {rid, f[3], attempt, n2s(tonumber(f[2]) - now), n2s(now - tonumber(f[5])), f[6], owner}
+    end
+  end
+end
+return out
+"""
+
+# KEYS: inflight ; ARGV: lease_ms prefix (rid owner)...
+# Returns the rids whose lease the caller no longer holds.
+RENEW = CLOCK + """
+local lost = {}
+for i = 3, #ARGV, 2 do
+  local rid = ARGV[i]
+  local f = redis.call('HMGET', ARGV[2] .. 'req:' .. rid, 'state', 'owner')
+  if f[1] == 'running' and f[2] == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[1], 'XX', n2s(now + tonumber(ARGV[1])), rid)
+  else
+    lost[#lost + 1] = rid
+  end
+end
+return lost
+"""
+
+# KEYS: line inflight counters completions req res
+# ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel
+# Returns the state it ended the request from ('queued' or 'running'), or '' when
+# it had already ended or `owner` no longer holds it.
+FINISH = CLOCK + _EVENT + """
+local f = redis.call('HMGET', KEYS[5], 'state', 'owner')
+if not f[1] or f[1] == 'done' then return '' end
+if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return '' end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[5], 'state', 'done', 'outcome', ARGV[2])
+redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+if ARGV[2] == 'completed' then
+  redis.call('ZADD', KEYS[4], n2s(now), ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now - tonumber(ARGV[6])))
+  redis.call('HINCRBY', KEYS[3], 'prompt_tokens', tonumber(ARGV[7]))
+  redis.call('HINCRBY', KEYS[3], 'completion_tokens', tonumber(ARGV[8]))
+end
+if ARGV[4] ~= '' then emit(KEYS[6], ARGV[4], tonumber(ARGV[5])) end
+if f[1] == 'running' and ARGV[3] == '' then
+  -- Someone other than the owner ended it (cancel, deadline): abort it in the engine.
+  redis.call('PUBLISH', ARGV[9], ARGV[1])
+end
+return f[1]
+"""
+
+# KEYS: inflight (only to route the call to the tier's slot; the rest share its hash tag)
+# ARGV: prefix ttl_s (rid owner first event)...
+# Tokens are written only while their writer still holds the lease, so a
+# replica whose lease was reaped cannot interleave its text with the next
+# attempt's. Returns the positions of the entries whose lease is gone.
+EMIT = """
+local lost = {}
+for i = 3, #ARGV, 4 do
+  local rid = ARGV[i]
+  local req = ARGV[1] .. 'req:' .. rid
+  local f = redis.call('HMGET', req, 'state', 'owner')
+  if f[1] == 'running' and f[2] == ARGV[i + 1] then
+    if ARGV[i + 2] == '1' then redis.call('HSET', req, 'streamed', '1') end
+    local res = ARGV[1] .. 'res:' .. rid
+    redis.call('XADD', res, '*', 'e', ARGV[i + 3])
+    redis.call('EXPIRE', res, tonumber(ARGV[2]))
+  else
+    lost[#lost + 1] = (i - 3) / 4
+  end
+end
+return lost
+"""
+
+# KEYS: inflight line counters bell dead ; ARGV: prefix max_attempts ttl_s
+# Returns {requeued, lost, expired}. An in-flight entry whose request hash is
+# gone (its TTL ran out: the gateway and the worker both vanished long ago) is
+# counted `expired`, as CLAIM counts the same case, so that accepted =
+# completed + expired + cancelled + failed holds whatever vanishes.
+REAP = CLOCK + _EVENT + """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', n2s(now), 'LIMIT', 0, 200)
+local requeued, lost, vanished = 0, 0, 0
+for _, rid in ipairs(expired) do
+  redis.call('ZREM', KEYS[1], rid)
+  local req = ARGV[1] .. 'req:' .. rid
+  local f = redis.call('HMGET', req, 'state', 'streamed', 'attempt', 'score')
+  if not f[1] then
+    redis.call('HINCRBY', KEYS[3], 'expired', 1)
+    vanished = vanished + 1
+  elseif f[1] == 'running' then
+    local res = ARGV[1] .. 'res:' .. rid
+    if f[2] == '1' then
+      -- Tokens already reached the caller: a rerun would duplicate them.
+      redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
+      redis.call('HINCRBY', KEYS[3], 'failed', 1)
+      emit(res, cjson.encode({t='err', status=502, type='worker_lost',
+        msg='the worker serving this stream was lost'}), tonumber(ARGV[3]))
+      lost = lost + 1
+    elseif tonumber(f[3]) >= tonumber(ARGV[2]) then
+      redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
+      redis.call('HINCRBY', KEYS[3], 'failed', 1)
+      redis.call('LPUSH', KEYS[5], rid)
+      redis.call('LTRIM', KEYS[5], 0, 999)
+      emit(res, cjson.encode({t='err', status=502, type='worker_lost',
+        msg='the request was lost by ' .. f[3] .. ' workers in a row; it was set aside'}), tonumber(ARGV[3]))
+      lost = lost + 1
+    else
+      redis.call('HSET', req, 'state', 'queued', 'owner', '')
+      redis.call('ZADD', KEYS[2], f[4], rid)
+      redis.call('LPUSH', KEYS[4], 1)
+      redis.call('HINCRBY', KEYS[3], 'requeued', 1)
+      requeued = requeued + 1
+    end
+  end
+end
+return {requeued, lost, vanished}
+"""
+
+# KEYS: line inflight counters arrivals completions ; ARGV: window_ms prefix
+# Returns {now_ms, waiting by class (4), oldest wait ms, in flight, arrivals in
+# the window, completions in the window, the counters hash flattened}.
+OBSERVE = CLOCK + LUA_BY_CLASS + """
+local oldest = now - oldest_enq
+local since = n2s(now - tonumber(ARGV[1]))
+return {n2s(now), by_class, n2s(oldest), redis.call('ZCARD', KEYS[2]),
+  redis.call('ZCOUNT', KEYS[4], since, '+inf'), redis.call('ZCOUNT', KEYS[5], since, '+inf'),
+  redis.call('HGETALL', KEYS[3])}
+"""

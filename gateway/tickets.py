@@ -1,0 +1,145 @@
+"""What an admitted call holds until it ends: its reservations, its ticket, and the typed refusal.
+
+The admission sequence (`gateway.admission`) runs the reservation steps
+(`gateway.key_limits`) and the tier decision; every step that takes something
+(a place in a rate window, dollars of a key's budget) returns a `Reservation`.
+The `Ticket` holds them all and ends each exactly once: `settle` with the real
+usage when the request completed, `release` when it was refused further on,
+expired, was cancelled or failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+
+from fleet import metrics
+from fleet.config import Priority
+from fleet.store.line import Line
+from gateway.auth import Caller
+from gateway.errors import APIError
+
+log = logging.getLogger("fleet.gateway.admission")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """What the admission sequence knows about one call."""
+
+    rid: str
+    caller: Caller
+    tier: str
+    priority: Priority
+    deadline_ms: int
+    prompt_tokens: int  # estimated before any tokenizer runs
+    max_tokens: int
+    expected_output_tokens: int
+
+    @property
+    def estimated_tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+class Reservation(Protocol):
+    """Something a step took for a request; the ticket ends it exactly once."""
+
+    async def settle(self, usage: Usage) -> None:
+        """The request completed: replace what was reserved with what it really used."""
+
+    async def release(self) -> None:
+        """The request never ran to completion (refused later, expired, cancelled, failed): give it all back."""
+
+
+class ReservationStep(Protocol):
+    """One step of the sequence before the tier decision. Raise `refusal(...)` to refuse;
+    return a Reservation (or None if nothing was taken) to go on."""
+
+    name: str
+
+    async def reserve(self, req: AdmissionRequest) -> Reservation | None: ...
+
+
+def refusal(code: str, message: str, req: AdmissionRequest, retry_after_s: float) -> APIError:
+    """The typed 429 of the contract: Retry-After in whole seconds (>= 1), body with tier, priority, retry_after_s."""
+    secs = max(1, math.ceil(retry_after_s - 1e-9))
+    return APIError(429, message, "at_capacity", code=code, headers={"Retry-After": str(secs)},
+                    tier=req.tier, priority=req.priority.name, retry_after_s=secs)
+
+
+@dataclass
+class Ticket:
+    """An admitted request's reservations and its mark in the tier's `admitting` set."""
+
+    req: AdmissionRequest
+    redis: Redis
+    admitting_key: str
+    member: str
+    request_key: str  # the request's hash in the line: did an engine ever take it?
+    reservations: list[Reservation] = field(default_factory=list)
+    closed: bool = False
+
+    async def enqueue(self, line: Line, payload: bytes, chain: str = "") -> int:
+        """Join the line and drop the being-admitted mark in one step (the line now counts it)."""
+        try:
+            return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
+                                      admitting=(self.admitting_key, self.member))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.redis.zrem(self.admitting_key, self.member)
+            await self.close(None)
+            raise
+
+    async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
+        """End the request once: count its outcome and end every reservation. Later calls do nothing.
+
+        Completed: settle with the real usage. Cancelled or expired after an engine
+        took it: the engine made tokens the gateway cannot count, so settle at the
+        worst case reserved (otherwise hanging up just before the end would make
+        any call free for the key's budget and limits). Anything else (refused,
+        never claimed, failed by the fleet): release.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        if outcome is not None:
+            metrics.REQUESTS.labels(self.req.tier, self.req.priority.name, outcome).inc()
+        settle_with = usage if outcome == "completed" else None
+        if outcome in ("cancelled", "expired") and self.reservations:
+            attempt = await self.redis.hget(self.request_key, "attempt")
+            if attempt is not None and int(attempt) > 0:
+                settle_with = Usage(self.req.prompt_tokens, self.req.max_tokens)
+        await end_all(self.reservations, settle_with)
+
+
+async def end_all(reservations: Sequence[Reservation], usage: Usage | None) -> None:
+    for r in reversed(reservations):
+        try:
+            if usage is not None:
+                await r.settle(usage)
+            else:
+                await r.release()
+        except Exception:  # one step's Redis blip must not keep the others from ending
+            log.exception("could not end reservation %r", r)
+
+
+def outcome_of(ev: dict[str, Any]) -> str:
+    """The outcome a final event stands for."""
+    if ev.get("t") == "done":
+        return "completed"
+    return "expired" if ev.get("type") == "deadline_exceeded" else "failed"
