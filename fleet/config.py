@@ -93,6 +93,25 @@ class SimProfile(_Strict):
     typical_output_tokens: int = Field(100, gt=0)
 
 
+class CapacityProfile(_Strict):
+    """What admission and scaling assume one replica of the tier does (`fleet.policy.tier_capacity`).
+
+    Not how an engine behaves (that is `sim:` for the sim engine, and the real
+    engine's own for vllm and openai): what the policy plans with. The scaler
+    calibrates it at run time from what replicas measure (start-up, throughput
+    when every slot is busy) and publishes the result for the gateways. Any
+    field left out is taken from the tier's `sim:` profile, so a config without
+    `capacity:` plans exactly as it did before the two were told apart.
+    """
+
+    startup_s: float | None = Field(None, ge=0)  # launch to serving; default: sim weights / load speed + warm-up
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
+    decode_step: DecodeStep | None = None
+    kv_capacity_tokens: int | None = Field(None, gt=0)
+    typical_prompt_tokens: int | None = Field(None, gt=0)
+    typical_output_tokens: int | None = Field(None, gt=0)
+
+
 class VllmSettings(_Strict):
     """Engine limits for the `vllm` engine, passed to vLLM's engine args."""
 
@@ -203,6 +222,7 @@ class TierConfig(_Strict):
     gpu_memory_gb: float = Field(0.0, ge=0)
     budget: Budget = Field(default_factory=Budget)
     prewarm: list[PrewarmWindow] = Field(default_factory=list)
+    capacity: CapacityProfile = Field(default_factory=CapacityProfile)
     sim: SimProfile = Field(default_factory=SimProfile)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     openai: OpenAIUpstream = Field(default_factory=OpenAIUpstream)
@@ -301,6 +321,12 @@ class FleetConfig(BaseSettings):
     def _aliases_unique(self) -> FleetConfig:
         if not self.tiers:
             raise ValueError("at least one tier is required")
+        for tier, tc in self.tiers.items():
+            # A lease renewed every heartbeat must outlast the beat, or a healthy worker's
+            # requests are reaped and run twice while it still serves them.
+            if tc.lease_s <= self.heartbeat_s:
+                raise ValueError(f"tiers.{tier}.lease_s ({tc.lease_s:g}) must be above heartbeat_s "
+                                 f"({self.heartbeat_s:g}): workers renew their leases once a heartbeat")
         seen: dict[str, str] = {}
         for tier, tc in self.tiers.items():
             for name in [tier, *tc.aliases]:

@@ -25,7 +25,6 @@ from redis.asyncio import Redis
 
 from fleet import metrics as m
 from fleet.config import FleetConfig
-from fleet.latency import cold_start_s
 from fleet.policy.tier_budget import (
     BudgetObservation,
     active_windows,
@@ -33,11 +32,14 @@ from fleet.policy.tier_budget import (
     budget_lead_s,
     cost_per_useful_million,
     judge,
+    token_burn_since,
+    token_burn_usd_per_s,
 )
+from fleet.policy.tier_capacity import modelled_startup_s
+from fleet.store.capacity import read_calibration
 from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.ledger import Ledger
-from fleet.store.scaler_state import read_scaler_state
 from fleet.store.tier_budget import BudgetState, publish_budget_state
 
 log = logging.getLogger("fleet.governor")
@@ -55,11 +57,11 @@ async def assess(redis: Redis, cfg: FleetConfig, tier: str, now: float) -> Budge
     ledger = Ledger(redis, cfg.namespace, tier, tc)
     replicas = await read_heartbeats(redis, keys, cfg.heartbeat_s, now)
     spent = {w.name: await ledger.spent_usd(w.start, now) for w in active_windows(tc.budget, now)}
-    burn = await ledger.token_burn_usd_per_s(now)
-    # The start-up the scaler last measured (it publishes it), else the engine model's:
+    burn = token_burn_usd_per_s(await ledger.token_usd_since(token_burn_since(now), now), now)
+    # The start-up the scaler last calibrated (it publishes it), else the profile's:
     # windows opening within the lead already bound the ceiling.
-    sc = await read_scaler_state(redis, keys, stale_after_s=None)
-    startup = sc.startup_s if sc is not None and sc.startup_s is not None else cold_start_s(tc.sim)
+    cal = await read_calibration(redis, keys, stale_after_s=None)
+    startup = cal.startup_s if cal is not None else modelled_startup_s(tc)
     view = judge(tc, BudgetObservation(now=now, replicas=len(replicas), spent_usd=spent, token_burn_usd_per_s=burn),
                  lead_s=budget_lead_s(tc, startup))
     day_start, day_end = budget_day(tc.budget, now)

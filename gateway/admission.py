@@ -11,8 +11,10 @@ The tier decision reads the line, the completions, the budget judgement and the
 requests being admitted right now in ONE round trip (`fleet.store.admitting`),
 and marks this request as being admitted in the same step, so a burst of
 concurrent calls sees each other instead of all reading the same empty line.
-The replica view (ready, starting, measured cold start) changes at heartbeat
-pace and is cached.
+The tier view (its replicas, and its capacity as the scaler calibrated it)
+changes at heartbeat pace and is cached. The decision itself is the policy's
+(`fleet.policy.observation.judge_admission`), on the same `TierObservation`
+the simulator builds for each of its calls.
 """
 
 from __future__ import annotations
@@ -28,10 +30,22 @@ from redis.asyncio import Redis
 
 from fleet import metrics
 from fleet.config import FleetConfig
-from fleet.latency import cold_start_s, per_replica_rate
-from fleet.policy import admit as decide_admission
-from fleet.policy import expected_service_s, expected_startup_s, service_forecast
+from fleet.observe import observed
+from fleet.policy import (
+    BudgetSignal,
+    Calibration,
+    Replicas,
+    TierCapacity,
+    TierObservation,
+    calibrated_capacity,
+    judge_admission,
+    modelled_startup_s,
+    startup_estimate,
+    tier_capacity,
+)
+from fleet.policy.replicas import NO_REPLICAS
 from fleet.store.admitting import Admitting
+from fleet.store.capacity import read_calibration
 from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
@@ -48,17 +62,18 @@ from gateway.tickets import (
     refusal,
 )
 
-__all__ = ["Admission", "AdmissionRequest", "ReplicaView", "Ticket", "Usage", "estimate_prompt_tokens", "outcome_of",
+__all__ = ["Admission", "AdmissionRequest", "Ticket", "TierView", "Usage", "estimate_prompt_tokens", "outcome_of",
            "refusal"]
 
 log = logging.getLogger("fleet.gateway.admission")
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaView:
-    ready: int = 0
-    starting_since: tuple[float, ...] = ()  # epoch seconds each starting replica began
-    startup_s: float = 0.0  # expected cold start: measured median, else modelled
+class TierView:
+    """What admission keeps of a tier between heartbeats: its replicas and what one is assumed to do."""
+
+    capacity: TierCapacity
+    replicas: Replicas = NO_REPLICAS
 
 
 class Admission:
@@ -69,15 +84,14 @@ class Admission:
         self.keys = {t: TierKeys(cfg.namespace, t) for t in cfg.tiers}
         # Steps run in order before the tier decision; each may refuse.
         self.steps: list[ReservationStep] = [RateLimitStep(cfg, redis), KeyBudgetStep(cfg, redis)]
-        self.replicas: dict[str, ReplicaView] = {
-            t: ReplicaView(startup_s=cold_start_s(tc.sim)) for t, tc in cfg.tiers.items()}
+        self.views: dict[str, TierView] = {t: TierView(tier_capacity(tc)) for t, tc in cfg.tiers.items()}
         self.admitting = Admitting(redis)
         self._task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---
 
     async def start(self) -> None:
-        await self.refresh_replicas()
+        await self.refresh()
         self._task = asyncio.create_task(self._refresh_forever())
 
     async def stop(self) -> None:
@@ -85,20 +99,24 @@ class Admission:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def refresh_replicas(self) -> None:
+    async def refresh(self) -> None:
+        """Each tier's replicas, and its capacity as the scaler calibrated it; with no scaler
+        publishing, the start-up the replicas' engines measured, else the profile's."""
+        stale = max(10.0, 10 * self.cfg.heartbeat_s)
         for tier, tc in self.cfg.tiers.items():
-            reps = await read_heartbeats(self.redis, self.keys[tier], self.cfg.heartbeat_s)
-            self.replicas[tier] = ReplicaView(
-                ready=sum(r.state == "ready" for r in reps),
-                starting_since=tuple(r.started for r in reps if r.state == "starting"),
-                startup_s=expected_startup_s([r.cold_start_s for r in reps if r.cold_start_s is not None],
-                                             cold_start_s(tc.sim)))
+            k = self.keys[tier]
+            beats = await read_heartbeats(self.redis, k, self.cfg.heartbeat_s)
+            cal = await read_calibration(self.redis, k, stale_after_s=stale)
+            if cal is None:
+                engine = [b.cold_start_s for b in beats if b.cold_start_s is not None]
+                cal = Calibration(startup_s=startup_estimate((), engine, modelled_startup_s(tc)))
+            self.views[tier] = TierView(calibrated_capacity(tc, cal), Replicas.of(observed(b) for b in beats))
 
     async def _refresh_forever(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
             try:
-                await self.refresh_replicas()
+                await self.refresh()
             except Exception:
                 log.exception("replica refresh failed")
 
@@ -129,34 +147,17 @@ class Admission:
         tc = self.cfg.tiers[req.tier]
         k = self.keys[req.tier]
         member = f"{int(req.priority)}:{req.rid}"
-        line = self.lines[req.tier]
-        window_ms = int(self.cfg.rate_window_s * 1000)
-        snap = await self.admitting.observe_and_mark(k, line.prefix, member, window_ms)
-        now_ms = snap.now_ms
-        busy_ms, comp_window, comp_busy = snap.busy_ms, snap.completions_in_window, snap.completions_while_busy
-        exhausted = snap.budget_exhausted
-        retry_at = snap.budget_retry_at
-
-        ahead = sum(snap.line[: req.priority + 1])
-        view = self.replicas[req.tier]
-        now = time.time()
-        forecast = service_forecast(
-            ready=view.ready,
-            starting_left_s=[since + view.startup_s - now for since in view.starting_since],
-            per_replica_rate=per_replica_rate(tc.sim, tc.slots),
-            startup_s=view.startup_s,
-            completions_in_window=comp_window,
-            window_s=self.cfg.rate_window_s,
-            busy_s=min(busy_ms, window_ms) / 1000,
-            completions_while_busy=comp_busy,
-        )
-        decision = decide_admission(
-            req.priority, ahead=ahead, forecast=forecast,
-            service_s=expected_service_s(tc, req.prompt_tokens, req.expected_output_tokens),
-            wait_limit_s=tc.wait_limit(req.priority), deadline_s=req.deadline_ms / 1000,
-            budget_exhausted=exhausted,
-            budget_retry_in_s=retry_at - now_ms / 1000 if retry_at else None,
-        )
+        window_s = self.cfg.rate_window_s
+        snap = await self.admitting.observe_and_mark(k, self.lines[req.tier].prefix, member, int(window_s * 1000))
+        view = self.views[req.tier]
+        obs = TierObservation(
+            tier=req.tier, now=time.time(), window_s=window_s, line=snap.line,
+            completions_in_window=snap.completions_in_window, busy_s=min(snap.busy_ms / 1000, window_s),
+            completions_while_busy=snap.completions_while_busy, replicas=view.replicas,
+            budget=BudgetSignal(snap.budget_exhausted, snap.budget_retry_at))
+        decision = judge_admission(obs, view.capacity, req.priority, prompt_tokens=req.prompt_tokens,
+                                   output_tokens=req.expected_output_tokens, wait_limit_s=tc.wait_limit(req.priority),
+                                   deadline_s=req.deadline_ms / 1000)
         if not decision.admitted:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)

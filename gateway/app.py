@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from fleet.config import FleetConfig
 from fleet.governor import govern
+from fleet.policy import default_max_tokens
 from fleet.store.connection import Clients
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
@@ -170,7 +171,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         priority = caller.priority(request.headers.get("x-priority"), gw.cfg.default_priority)
         deadline_ms = parse_deadline(request, gw.cfg.default_deadline_ms)
         chain = parse_chain_id(request)  # stored with the request in Redis: bounded and plain
-        max_tokens = body.wanted_tokens(min(256, tc.max_tokens_limit))
+        max_tokens = body.wanted_tokens(default_max_tokens(tc))
         if max_tokens > tc.max_tokens_limit:
             raise APIError(422, f"max_tokens {max_tokens} exceeds this tier's limit of {tc.max_tokens_limit}",
                            param="max_tokens", code="invalid_value")
@@ -193,7 +194,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         ticket = await gw.admission.admit(AdmissionRequest(
             rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
             prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
-            expected_output_tokens=explicit or min(max_tokens, tc.sim.typical_output_tokens)))
+            expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(explicit)))
         await ticket.enqueue(line, orjson.dumps(payload), chain)
         try:
             stream = events(gw.redis, line, rid, deadline_at)

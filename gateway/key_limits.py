@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig
-from fleet.latency import per_replica_rate
 from fleet.policy.key_budget import key_usd_per_million, tokens_usd, worst_case_usd
+from fleet.policy.tier_capacity import tier_capacity
 from fleet.store.key_budget import SWEEP_MARGIN_MS, KeyBudget
 from fleet.store.key_limits import Limited, RateLimiter, Taken
 from gateway.tickets import AdmissionRequest, Reservation, Usage, refusal
@@ -56,12 +56,7 @@ class RateLimitStep:
 
 def tier_key_prices(cfg: FleetConfig) -> dict[str, float]:
     """Dollars per million tokens a key pays on each tier (see `key_usd_per_million`)."""
-    out = {}
-    for tier, tc in cfg.tiers.items():
-        p = tc.sim
-        tokens_per_s = per_replica_rate(p, tc.slots) * (p.typical_prompt_tokens + p.typical_output_tokens)
-        out[tier] = key_usd_per_million(tc, tokens_per_s)
-    return out
+    return {tier: key_usd_per_million(tc, tier_capacity(tc).tokens_per_s) for tier, tc in cfg.tiers.items()}
 
 
 class _KeyBudgetReservation:

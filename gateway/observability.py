@@ -5,8 +5,10 @@ Two kinds of metric live here:
 - Gauges of the fleet's state (line by class, oldest wait, seconds-to-drain,
   arrival and service rates, replicas by state, the configured bounds). Redis
   is the truth for these and every gateway replica sees the same line, so
-  they are refreshed from Redis at scrape time, with the same meters the
-  policy uses, rather than kept up to date on the hot path.
+  they are refreshed from Redis at scrape time, with the policy's own
+  builders over the same observation the scaler reads, rather than kept up to
+  date on the hot path. Spend and budget gauges show the budget governor's
+  published judgement; the gateway does not judge again.
 - Histograms of what callers experienced (end-to-end latency and queue wait
   by class, TTFT and TPOT as the worker measured them), observed once per
   request when its final event passes through the gateway.
@@ -25,41 +27,35 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from fleet import metrics as m
 from fleet.config import CLASSES, FleetConfig
 from fleet.governor import set_budget_gauges
-from fleet.policy import rate, seconds_to_drain
-from fleet.store.heartbeats import count_by_state, read_heartbeats
+from fleet.observe import read_tier
+from fleet.policy import arrival_rate, drain_s, service_rate
 from fleet.store.line import Line
-from fleet.store.tier_budget import read_budget_state
 
 router = APIRouter()
 
 
 async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
-    """Set one tier's state gauges from what Redis holds now."""
+    """Set one tier's state gauges (and, as the governor judged them, its budget gauges) from Redis now."""
     tier = line.tier
     tc = cfg.tiers[tier]
-    snap = await line.observe()
-    replicas = await read_heartbeats(line.redis, line.keys, cfg.heartbeat_s)
-    served = rate(snap.completions_in_window, cfg.rate_window_s)
-    for cls, n in zip(CLASSES, snap.by_class, strict=True):
+    live = await read_tier(line.redis, line, heartbeat_s=cfg.heartbeat_s, window_s=cfg.rate_window_s)
+    obs = live.obs
+    for cls, n in zip(CLASSES, obs.line, strict=True):
         m.LINE_LENGTH.labels(tier, cls).set(n)
-    m.OLDEST_WAIT.labels(tier).set(snap.oldest_wait_s)
-    m.DRAIN.labels(tier).set(seconds_to_drain(snap.waiting, served))  # +Inf when nothing serves a non-empty line
-    m.ARRIVAL_RATE.labels(tier).set(rate(snap.arrivals_in_window, cfg.rate_window_s))
-    m.SERVICE_RATE.labels(tier).set(served)
-    m.IN_FLIGHT.labels(tier).set(snap.inflight)
-    for state, n in count_by_state(replicas).items():
+    m.OLDEST_WAIT.labels(tier).set(obs.oldest_wait_s)
+    m.DRAIN.labels(tier).set(drain_s(obs))  # +Inf when nothing serves a non-empty line
+    m.ARRIVAL_RATE.labels(tier).set(arrival_rate(obs))
+    m.SERVICE_RATE.labels(tier).set(service_rate(obs))
+    m.IN_FLIGHT.labels(tier).set(obs.in_flight)
+    for state, n in obs.replicas.by_state.items():
         m.REPLICAS.labels(tier, state).set(n)
     m.WARM_FLOOR.labels(tier).set(tc.warm_floor)
     m.MAX_REPLICAS.labels(tier).set(tc.max_replicas)
     m.DRAIN_THRESHOLD.labels(tier).set(tc.drain_threshold_s)
-
-
-async def refresh_spend(cfg: FleetConfig, line: Line) -> None:
-    """Spend, budget and cost gauges as the budget governor last judged them (whoever ticks it:
-    the scaler, or this gateway while no scaler runs). Not judged yet: the gauges wait."""
-    state = await read_budget_state(line.redis, line.keys)
-    if state is not None:
-        set_budget_gauges(line.tier, state, [w.name for w in cfg.tiers[line.tier].budget.windows])
+    # Spend, budget and cost as the budget governor last judged them (whoever ticks it: the
+    # scaler, or this gateway while no scaler runs). Not judged yet: the gauges wait.
+    if live.budget is not None:
+        set_budget_gauges(tier, live.budget, [w.name for w in tc.budget.windows])
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -68,8 +64,7 @@ async def metrics(request: Request) -> Response:
     # A Redis blip must not cost the scrape the histograms: the gauges then
     # keep their last values and the failure shows as a missing refresh.
     lines = list(gw.lines.values())
-    await asyncio.gather(*(refresh_tier(gw.cfg, line) for line in lines),
-                         *(refresh_spend(gw.cfg, line) for line in lines), return_exceptions=True)
+    await asyncio.gather(*(refresh_tier(gw.cfg, line) for line in lines), return_exceptions=True)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

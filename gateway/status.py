@@ -14,12 +14,12 @@ from typing import Any
 from redis.asyncio import Redis
 
 from fleet.config import CLASSES, FleetConfig
-from fleet.latency import cold_start_s, per_replica_rate
-from fleet.policy import rate, seconds_to_drain
-from fleet.store.heartbeats import count_by_state, read_heartbeats
+from fleet.observe import read_tier
+from fleet.policy import arrival_rate, calibrated_capacity, drain_s, service_rate, waiting
+from fleet.store.capacity import read_calibration
 from fleet.store.line import Line
 from fleet.store.scaler_state import read_scaler_state
-from fleet.store.tier_budget import BudgetState, read_budget_state
+from fleet.store.tier_budget import BudgetState
 
 
 def _finite(x: float | None, digits: int = 6) -> float | None:
@@ -61,22 +61,22 @@ def budget_status(state: BudgetState | None) -> dict[str, Any]:
 
 async def tier_status(cfg: FleetConfig, redis: Redis, line: Line) -> dict[str, Any]:
     tc = cfg.tiers[line.tier]
-    snap = await line.observe()
-    replicas = await read_heartbeats(redis, line.keys, cfg.heartbeat_s)
-    served = rate(snap.completions_in_window, cfg.rate_window_s)
+    live = await read_tier(redis, line, heartbeat_s=cfg.heartbeat_s, window_s=cfg.rate_window_s)
+    obs, snap = live.obs, live.snap
     sc = await read_scaler_state(redis, line.keys)  # None: no scaler running
+    cap = calibrated_capacity(tc, await read_calibration(redis, line.keys))  # what admission and scaling assume
     return {
-        "line": dict(zip(CLASSES, snap.by_class, strict=True)),
-        "waiting": snap.waiting,
-        "in_flight": snap.inflight,
-        "oldest_wait_s": snap.oldest_wait_s,
-        "arrival_rate": rate(snap.arrivals_in_window, cfg.rate_window_s),
-        "service_rate": served,
-        "seconds_to_drain": _finite(seconds_to_drain(snap.waiting, served), 9),
+        "line": dict(zip(CLASSES, obs.line, strict=True)),
+        "waiting": waiting(obs),
+        "in_flight": obs.in_flight,
+        "oldest_wait_s": obs.oldest_wait_s,
+        "arrival_rate": arrival_rate(obs),
+        "service_rate": service_rate(obs),
+        "seconds_to_drain": _finite(drain_s(obs), 9),
         "drain_threshold_s": tc.drain_threshold_s,
-        "replicas": count_by_state(replicas),
+        "replicas": obs.replicas.by_state,
         "replica_detail": [{"id": r.id, "state": r.state, "in_use": r.in_use, "slots": r.slots,
-                            "completed": r.completed, "cold_start_s": r.cold_start_s} for r in replicas],
+                            "completed": r.completed, "cold_start_s": r.cold_start_s} for r in live.beats],
         "floor": sc.floor if sc else tc.warm_floor,
         "ceiling": sc.ceiling if sc else tc.max_replicas,
         "ceiling_by": sc.ceiling_by if sc else "max_replicas",
@@ -84,9 +84,9 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line) -> dict[str, A
                     if sc and sc.prewarm_floor else None),
         "last_decision": ({"action": sc.action, "delta": sc.delta, "reason": sc.reason, "at": sc.at,
                            "last_change": sc.last_reason or None} if sc else None),
-        **budget_status(await read_budget_state(redis, line.keys)),
-        "expected_cold_start_s": cold_start_s(tc.sim),
-        "per_replica_rate": per_replica_rate(tc.sim, tc.slots),
+        **budget_status(live.budget),
+        "expected_cold_start_s": cap.startup_s,
+        "per_replica_rate": cap.per_replica_rate,
         "outcomes": {k: snap.counters.get(k, 0) for k in ("accepted", "completed", "expired", "cancelled",
                                                             "failed", "requeued")},
         "tokens": {"prompt": snap.counters.get("prompt_tokens", 0),

@@ -1,26 +1,22 @@
 """The control loop (`fleet scaler`): observe each tier in Redis, ask the policy, act.
 
-Each tick (at least once a second) the leader, per tier:
-1. observes the line (`Line.observe`), replica heartbeats, its own supervised
-   replicas (launched ones count as starting before their first heartbeat),
-   operator pre-warms, the budget state (`TierKeys.budget`, field `ceiling`,
-   maintained by the budget governor) and the GPU room;
-2. ticks the budget governor (`fleet.governor.govern`), then calls
-   `fleet.policy.decide_tier` — the same function the simulator calls;
-3. executes the decision through the supervisor;
-4. publishes it: `TierKeys.scaler` (the status page), a capped stream of
-   decisions with their reasons (`TierKeys.decisions`) and the metrics.
+Each tick (at least once a second) the leader ticks the budget governor once
+for the fleet (`fleet.governor.govern`: the judgement everyone else reads),
+then ticks each tier (`Scaler.tick_tier`): observe, calibrate, decide with
+`fleet.policy.decide_tier` (the function the simulator calls), act through the
+supervisor, publish.
 
 Only the holder of the lease acts; others stand by and take over when it
-stops renewing.
+stops renewing. A stopped scaler leaves its replicas serving for the next
+leader to adopt, unless told to drain them (`fleet up`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import math
 import os
 import signal
 import socket
@@ -32,21 +28,31 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from fleet import metrics
-from fleet.config import FleetConfig, TierConfig
+from fleet.config import FleetConfig
 from fleet.governor import govern
-from fleet.latency import cold_start_s, per_replica_rate
+from fleet.observe import observation_of, observed
 from fleet.policy import (
+    Calibration,
+    ObservedReplica,
     Prewarm,
     ScaleDecision,
-    TierState,
+    TierObservation,
     active_prewarm,
+    budget_ceiling_for,
+    calibrate,
+    calibrated_capacity,
     decide_tier,
-    effective_per_replica_rate,
-    expected_startup_s,
+    gpu_ceiling,
+    initial_calibration,
+    modelled_startup_s,
     prewarm_lead_s,
-    rate,
+    scale_in_victims,
+    scaling_state,
+    startup_estimate,
+    tier_has_budget,
 )
 from fleet.store import scaler_state
+from fleet.store.capacity import publish_calibration
 from fleet.store.connection import connect
 from fleet.store.heartbeats import Heartbeat, read_heartbeats
 from fleet.store.keys import TierKeys, scaler_leader_key
@@ -79,6 +85,7 @@ class Scaler:
         # Start-ups that timed out ran at least this long: until one is measured, the
         # expected start-up is no shorter (the sim profile's may be far off a real engine's).
         self.startup_at_least: dict[str, float] = {}
+        self.calibration: dict[str, Calibration] = {}
         self.last_written: dict[str, tuple[str, str]] = {}
 
     # --- the loop -------------------------------------------------------------------
@@ -140,71 +147,92 @@ class Scaler:
 
     # --- one tier ---------------------------------------------------------------------
 
-    def expected_startup(self, tier: str, heartbeats: list[Heartbeat]) -> float:
-        """Launch to ready as measured here; else the engines' own cold starts; else the model."""
-        seen = list(self.measured[tier]) or [r.cold_start_s for r in heartbeats if r.cold_start_s is not None]
-        expected = expected_startup_s(seen, cold_start_s(self.cfg.tiers[tier].sim))
-        return expected if seen else max(expected, self.startup_at_least.get(tier, 0.0))
+    def _startup(self, tier: str, heartbeats: list[Heartbeat]) -> float:
+        """Launch to ready as measured here; else the engines' own cold starts; else the model
+        (never below a start that timed out)."""
+        return startup_estimate(self.measured[tier], [r.cold_start_s for r in heartbeats if r.cold_start_s is not None],
+                                modelled_startup_s(self.cfg.tiers[tier]), self.startup_at_least.get(tier, 0.0))
+
+    def _replicas(self, tier: str, heartbeats: list[Heartbeat]) -> list[ObservedReplica]:
+        """The tier's replicas: what the heartbeats say, corrected by what this supervisor knows
+        (a replica sent SIGTERM is draining whatever its last beat said; one launched that has
+        not beaten yet is starting), so a need is never ordered twice."""
+        tc = self.cfg.tiers[tier]
+        out = {b.id: observed(b) for b in heartbeats}
+        for rec in self.supervisor.of_tier(tier):
+            if rec.state in ("draining", "stopping"):
+                state = "draining"  # SIGTERM sent; its heartbeat may not say so yet
+            elif rec.id in out:
+                continue
+            else:
+                state = "starting" if rec.state == "starting" else "ready"
+            beat = out.get(rec.id)
+            out[rec.id] = (ObservedReplica(rec.id, state, tc.slots, 0, rec.launched) if beat is None
+                           else dataclasses.replace(beat, state=state))
+        return list(out.values())
 
     async def tick_tier(self, tier: str) -> ScaleDecision:
+        """One tick of one tier: observe, calibrate, decide, act, publish.
+
+        1. Observe: the line, the heartbeats, and the supervisor's own replicas
+           (whose events, such as a death or a start timeout, are reported and
+           counted first), the budget judgement, operator pre-warms, GPU room.
+        2. Calibrate the tier's capacity on what replicas measured
+           (`fleet.policy.calibrate`) and publish it for the gateways.
+        3. Decide with `fleet.policy.decide_tier`, the function the simulator calls.
+        4. Act through the supervisor (start replicas; drain the one
+           `fleet.policy.scale_in_victims` names), renewing the lease before each act.
+        5. Publish the decision (`fleet.store.scaler_state`) and the metrics.
+        """
         tc = self.cfg.tiers[tier]
         k = TierKeys(self.cfg.namespace, tier)
         snap = await self.lines[tier].observe()
         heartbeats = await read_heartbeats(self.redis, k, self.cfg.heartbeat_s)
-        startup = self.expected_startup(tier, heartbeats)
-        events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"}, startup, tier,
+        events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"},
+                                            self._startup(tier, heartbeats), tier,
                                             beating_ids={r.id for r in heartbeats})
         gone = {e.replica for e in events if e.event in ("died", "drained")}
         heartbeats = [r for r in heartbeats if r.id not in gone]
         for ev in events:
             await self._event(ev)
 
-        states = {r.id: r.state for r in heartbeats}
-        for rec in self.supervisor.of_tier(tier):
-            if rec.state in ("draining", "stopping"):
-                states[rec.id] = "draining"  # SIGTERM sent; its heartbeat may not say so yet
-            else:
-                states.setdefault(rec.id, "starting" if rec.state == "starting" else "ready")
-        count = {s: sum(1 for v in states.values() if v == s) for s in ("starting", "ready", "draining")}
-
         now = time.time()
-        startup = self.expected_startup(tier, heartbeats)
+        budget = await read_budget_state(self.redis, k)
+        obs = observation_of(tier, snap, self._replicas(tier, heartbeats), budget, window_s=self.cfg.rate_window_s,
+                             now=now)
+        cal = calibrate(self.calibration.get(tier) or initial_calibration(tc), tc, obs,
+                        measured_startups=list(self.measured[tier]),
+                        at_least_s=self.startup_at_least.get(tier, 0.0))
+        self.calibration[tier] = cal
+        await publish_calibration(self.redis, k, cal, now)
+        cap = calibrated_capacity(tc, cal)
         orders = await read_orders(self.redis, k, now, prune=True)
-        prewarm = active_prewarm(tc.prewarm, orders, now, prewarm_lead_s(startup, self.tick_s), tc.budget.timezone)
-        have = count["ready"] + count["starting"]
+        prewarm = active_prewarm(tc.prewarm, orders, now, prewarm_lead_s(cap.startup_s, self.tick_s),
+                                 tc.budget.timezone)
+        reps = obs.replicas
+        have = reps.ready + reps.starting
         # Room left beside every replica holding GPUs; draining ones are booked too, and
         # the policy subtracts them from the ceiling itself, so they count in it here.
         room = self.supervisor.placement.room(tc.gpus_per_replica, tc.gpu_memory_gb)
-        served = rate(snap.completions_in_window, self.cfg.rate_window_s)
-        state = TierState(
-            waiting=snap.waiting, oldest_wait_s=snap.oldest_wait_s,
-            arrival_rate=rate(snap.arrivals_in_window, self.cfg.rate_window_s), service_rate=served,
-            ready=count["ready"], starting=count["starting"], draining=count["draining"],
-            per_replica_rate=effective_per_replica_rate(per_replica_rate(tc.sim, tc.slots), served, count["ready"],
-                                                        snap.waiting, snap.oldest_wait_s, self.cfg.rate_window_s),
-            startup_s=startup, prewarm_floor=prewarm.floor, budget_ceiling=await self._budget_ceiling(k, tc, have),
-            gpu_ceiling=gpu_ceiling(have, count["draining"], room), calm_since=self.calm_since.get(tier),
-        )
+        state = scaling_state(
+            obs, cap, prewarm_floor=prewarm.floor,
+            budget_ceiling=budget_ceiling_for(obs.budget.ceiling if obs.budget else None, obs.budget is not None,
+                                              tier_has_budget(tc), have),
+            gpu_ceiling=gpu_ceiling(have, reps.draining, room), calm_since=self.calm_since.get(tier))
         d = decide_tier(state, tc, now)
         self.calm_since[tier] = d.calm_since
-        note = await self._execute(tier, d, heartbeats)
+        note = await self._execute(tier, d, obs)
         replaced = [e.replica for e in events if e.event in ("died", "start_timeout")]
         if d.action == "scale_out" and replaced:
             note += f"; replaces {', '.join(replaced)}"
 
         metrics.SCALE_DECISIONS.labels(tier, d.action, d.code).inc()
-        for s, n in count.items():
-            metrics.REPLICAS.labels(tier, s).set(n)
+        for st, n in reps.by_state.items():
+            metrics.REPLICAS.labels(tier, st).set(n)
         metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
         metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
-        await self._publish(k, tier, d, note, now, prewarm, startup, count)
+        await self._publish(k, tier, d, note, now, prewarm, cap.startup_s, reps.by_state)
         return d
-
-    async def _budget_ceiling(self, k: TierKeys, tc: TierConfig, have: int) -> int | None:
-        """The budget governor's ceiling (`fleet.governor`); none published: see `budget_ceiling_of`."""
-        judged = await read_budget_state(self.redis, k)
-        ceiling = None if judged is None or judged.view.ceiling is None else float(judged.view.ceiling)
-        return budget_ceiling_of(ceiling, judged is not None, _has_budget(tc), have)
 
     async def _lease_ok(self) -> bool:
         """Renew the lease before acting: a launch can block for seconds, and a scaler that
@@ -216,7 +244,7 @@ class Scaler:
         self.supervisor.forget()
         return False
 
-    async def _execute(self, tier: str, d: ScaleDecision, heartbeats: list[Heartbeat]) -> str:
+    async def _execute(self, tier: str, d: ScaleDecision, obs: TierObservation) -> str:
         if d.action == "scale_out":
             started = 0
             for _ in range(d.delta):
@@ -235,12 +263,11 @@ class Scaler:
             return "" if started == d.delta else f" (started {started}; capped: gpu_memory)"
         if d.action == "scale_in":
             ours = {r.id for r in self.supervisor.of_tier(tier) if r.state in ("starting", "ready")}
-            # The ready replica with the fewest requests in flight; the youngest on a tie
-            # (the older ones have warm caches). It finishes what it holds before leaving.
-            candidates = [r for r in heartbeats if r.state == "ready" and r.id in ours]
-            if not candidates:
+            # The policy names it; it finishes what it holds before leaving.
+            victims = scale_in_victims(obs.replicas.members, 1, eligible=ours)
+            if not victims:
                 return " (no replica this supervisor can drain)"
-            victim = min(candidates, key=lambda r: (r.in_use, -r.started))
+            victim = victims[0]
             if not await self._lease_ok():
                 return " (lease lost)"
             await self.supervisor.drain(victim.id)
@@ -282,26 +309,6 @@ class Scaler:
         if ev.event != "started":  # a start is already in the stream as its decision
             await scaler_state.append_event(self.redis, k, event=ev.event, replica=ev.replica, reason=ev.detail,
                                             at=time.time(), scaler=self.id)
-
-
-def gpu_ceiling(have: int, draining: int, room: int | None) -> int | None:
-    """The most replicas the GPUs can hold: every replica holding GPUs (ready,
-    starting, and draining until it leaves) plus the room left. `decide_tier`
-    takes the draining ones off the ceiling itself, so they belong in it."""
-    return None if room is None else have + draining + room
-
-
-def _has_budget(tc: TierConfig) -> bool:
-    return tc.hourly_usd > 0 and (tc.budget.daily_usd is not None or bool(tc.budget.windows))
-
-
-def budget_ceiling_of(published: float | None, judged: bool, has_budget: bool, have: int) -> int | None:
-    """The budget ceiling to decide with. No fresh judgement for a tier with a budget
-    (the governor is failing and its hash expired) must not mean "unbounded": then
-    the tier may keep what it has, but not grow, until the governor answers again."""
-    if judged:
-        return max(0, int(published)) if published is not None and math.isfinite(published) else None
-    return have if has_budget else None
 
 
 def worker_env(redis_url: str, config_path: str | None) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Baselines: how other autoscalers would have met the same trace, and a clairvoyant lower bound.
 
 Each baseline scales by its own rule (the peers' published defaults, see
-`../shared/notes/peers.md`), starts from the same fleet (every tier at its warm
+the peers' documentation), starts from the same fleet (every tier at its warm
 floor, ready), keeps the same floor and ceiling (warm_floor, max_replicas),
 has no pre-warm, no admission rule and no budget: its calls wait in the line
 until a replica takes them or their deadline passes. Scale-in drains as ours
@@ -26,21 +26,17 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from fleet.latency import cold_start_s, service_s
-from fleet.policy import replicas_for
+from fleet.config import TierConfig
+from fleet.policy import TierObservation, replicas_for, tier_capacity, waiting
+from fleet.replica_model import cold_start_s, service_s
 from simulator.arrivals import Trace
 from simulator.policies import Action, SimPolicy
-from simulator.scenario import rate_at
-
-if TYPE_CHECKING:
-    from simulator.engine import Observation, Simulator, TierSim
-    from simulator.scenario import Scenario
+from simulator.scenario import Scenario, rate_at
 
 
-def _clamp(tier: TierSim, n: int) -> int:
-    return max(tier.tc.warm_floor, min(tier.tc.max_replicas, n))
+def _clamp(tc: TierConfig, n: int) -> int:
+    return max(tc.warm_floor, min(tc.max_replicas, n))
 
 
 def peak_arrival_rate(sc: Scenario, tier: str) -> float:
@@ -65,12 +61,14 @@ class Static(SimPolicy):
     def __init__(self) -> None:
         self.size: dict[str, int] = {}
 
-    def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
-        if tier.name not in self.size:
-            peak = peak_arrival_rate(sim.sc, tier.name)
-            self.size[tier.name] = _clamp(tier, replicas_for(peak, tier.per_replica_rate))
-        n = self.size[tier.name]
-        have = obs.ready + obs.starting
+    def prepare(self, sc: Scenario) -> None:
+        # Provisioned for the peak it was told about: the scenario's curves, as an operator would plan.
+        for tier, tc in sc.cfg.tiers.items():
+            self.size[tier] = _clamp(tc, replicas_for(peak_arrival_rate(sc, tier), tier_capacity(tc).per_replica_rate))
+
+    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+        n = self.size[obs.tier]
+        have = obs.replicas.ready + obs.replicas.starting
         if n > have:
             return Action("scale_out", n - have, f"static: provision for the peak, {n} replicas", "static", n, n)
         return Action("hold", 0, f"static: {n} replicas", "static", n, n)
@@ -87,26 +85,27 @@ class _Stabilised(SimPolicy, ABC):
         self.last: dict[str, float] = {}
 
     @abstractmethod
-    def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
+    def recommend(self, obs: TierObservation, tc: TierConfig, have: int) -> tuple[int, str]:
         """Replicas this baseline wants now, and why (each baseline its own rule)."""
 
-    def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
-        have = obs.ready + obs.starting
-        last = self.last.get(tier.name)
-        if last is not None and obs.t - last < self.period_s:
+    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+        reps = obs.replicas
+        have = reps.ready + reps.starting
+        last = self.last.get(obs.tier)
+        if last is not None and obs.now - last < self.period_s:
             return Action("hold", 0, f"{self.name}: between syncs", "sync")
-        self.last[tier.name] = obs.t
-        want, why = self.recommend(tier, obs, have)
-        want = _clamp(tier, want)
-        recs = self.recs.setdefault(tier.name, deque())
-        recs.append((obs.t, want))
-        while recs and recs[0][0] < obs.t - self.down_window_s:
+        self.last[obs.tier] = obs.now
+        want, why = self.recommend(obs, tc, have)
+        want = _clamp(tc, want)
+        recs = self.recs.setdefault(obs.tier, deque())
+        recs.append((obs.now, want))
+        while recs and recs[0][0] < obs.now - self.down_window_s:
             recs.popleft()
         if want > have:
             return Action("scale_out", want - have, f"{self.name}: {why} -> {want}", "up")
         stable = max(n for _, n in recs)
-        if stable < obs.ready and not obs.starting:
-            return Action("scale_in", stable - obs.ready, f"{self.name}: {why}, stable {stable} for "
+        if stable < reps.ready and not reps.starting:
+            return Action("scale_in", stable - reps.ready, f"{self.name}: {why}, stable {stable} for "
                           f"{self.down_window_s:g} s", "down")
         return Action("hold", 0, f"{self.name}: {why}, hold {have}", "hold")
 
@@ -116,13 +115,14 @@ class Hpa(_Stabilised):
     target = 0.7
     tolerance = 0.1
 
-    def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
-        if not obs.ready:
+    def recommend(self, obs: TierObservation, tc: TierConfig, have: int) -> tuple[int, str]:
+        ready = obs.replicas.ready
+        if not ready:
             return have, "no ready replica to measure"
-        util = obs.slots_in_use / (obs.ready * tier.tc.slots)
+        util = obs.in_flight / (ready * tc.slots)
         if abs(util / self.target - 1) <= self.tolerance:
             return have, f"utilisation {util:.0%} within tolerance"
-        want = math.ceil(obs.ready * util / self.target)
+        want = math.ceil(ready * util / self.target)
         want = min(want, max(2 * have, have + 4))  # the default scale-up policy
         return want, f"utilisation {util:.0%} vs {self.target:.0%}"
 
@@ -131,8 +131,9 @@ class Keda(_Stabilised):
     name = "keda"
     period_s = 30.0
 
-    def recommend(self, tier: TierSim, obs: Observation, have: int) -> tuple[int, str]:
-        return math.ceil(obs.waiting / 5), f"ceil(line {obs.waiting} / 5)"
+    def recommend(self, obs: TierObservation, tc: TierConfig, have: int) -> tuple[int, str]:
+        n = waiting(obs)
+        return math.ceil(n / 5), f"ceil(line {n} / 5)"
 
 
 class Ray(SimPolicy):
@@ -147,32 +148,33 @@ class Ray(SimPolicy):
         self.up_since: dict[str, float | None] = {}
         self.down_since: dict[str, float | None] = {}
 
-    def scale(self, sim: Simulator, tier: TierSim, obs: Observation) -> Action:
-        h = self.hist.setdefault(tier.name, deque())
-        h.append((obs.t, obs.in_flight + obs.waiting))
-        while h[0][0] < obs.t - self.look_back_s:
+    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+        name, now, reps = obs.tier, obs.now, obs.replicas
+        h = self.hist.setdefault(name, deque())
+        h.append((now, obs.in_flight + waiting(obs)))
+        while h[0][0] < now - self.look_back_s:
             h.popleft()
         ongoing = sum(n for _, n in h) / len(h)
-        have = obs.ready + obs.starting
-        want = _clamp(tier, math.ceil(ongoing / self.target))
+        have = reps.ready + reps.starting
+        want = _clamp(tc, math.ceil(ongoing / self.target))
         why = f"ongoing {ongoing:.1f} / {self.target:g} -> {want}"
         if want > have:
-            self.down_since[tier.name] = None
-            since = self.up_since.get(tier.name) or obs.t
-            self.up_since[tier.name] = since
-            if obs.t - since >= self.upscale_delay_s:
-                self.up_since[tier.name] = None
+            self.down_since[name] = None
+            since = self.up_since.get(name) or now
+            self.up_since[name] = since
+            if now - since >= self.upscale_delay_s:
+                self.up_since[name] = None
                 return Action("scale_out", want - have, f"ray: {why}", "up")
             return Action("hold", 0, f"ray: {why}, upscale delay", "wait_up")
-        self.up_since[tier.name] = None
+        self.up_since[name] = None
         if want < have:
-            since = self.down_since.get(tier.name) or obs.t
-            self.down_since[tier.name] = since
-            if obs.t - since >= self.downscale_delay_s and not obs.starting and obs.ready > want:
-                self.down_since[tier.name] = None
-                return Action("scale_in", want - obs.ready, f"ray: {why}", "down")
+            since = self.down_since.get(name) or now
+            self.down_since[name] = since
+            if now - since >= self.downscale_delay_s and not reps.starting and reps.ready > want:
+                self.down_since[name] = None
+                return Action("scale_in", want - reps.ready, f"ray: {why}", "down")
             return Action("hold", 0, f"ray: {why}, downscale delay", "wait_down")
-        self.down_since[tier.name] = None
+        self.down_since[name] = None
         return Action("hold", 0, f"ray: {why}", "hold")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from simulator.engine import SimResult
+from simulator.results import SimResult
 
 PANELS = ("demand (req/s)", "line (waiting)", "seconds-to-drain", "replicas", "spend ($)")
 

@@ -14,7 +14,7 @@ from typing import Any
 from fleet.config import CLASSES
 from fleet.policy.tier_budget import cost_per_useful_million
 from simulator.baselines import TierBound
-from simulator.engine import SimResult
+from simulator.results import SimResult
 
 
 def pct(values: list[float], q: float) -> float | None:

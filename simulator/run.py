@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from simulator.arrivals import Trace, build_trace
 from simulator.baselines import BASELINES
-from simulator.engine import SimResult, Simulator
+from simulator.engine import Simulator
 from simulator.policies import OurPolicy, SimPolicy
+from simulator.results import SimResult
 from simulator.scenario import Scenario
 
 POLICIES: dict[str, type[SimPolicy]] = {"fleet": OurPolicy, **BASELINES}

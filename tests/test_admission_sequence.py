@@ -12,9 +12,10 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, Priority, load_config
+from fleet.policy import ObservedReplica, Replicas, tier_capacity
 from fleet.store.keys import ApiKeyKeys
 from fleet.store.line import Line
-from gateway.admission import Admission, AdmissionRequest, ReplicaView, Usage, refusal
+from gateway.admission import Admission, AdmissionRequest, TierView, Usage, refusal
 from gateway.auth import Caller
 from gateway.errors import APIError
 
@@ -37,7 +38,8 @@ async def env(redis_url: str):
     lines = {t: Line(r, cfg.namespace, t, result_ttl_s=30, rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
     adm = Admission(cfg, r, lines)
     # One ready replica of `slow` (about 9 requests/s); no worker runs, so nothing drains.
-    adm.replicas["slow"] = ReplicaView(ready=1, startup_s=0.2)
+    adm.views["slow"] = TierView(tier_capacity(cfg.tiers["slow"], startup_s=0.2),
+                                 Replicas.of([ObservedReplica("slow-1", "ready", 4, 0, 0.0)]))
     yield Env(cfg, r, lines, adm)
     await r.aclose()
 
@@ -131,7 +133,8 @@ async def test_a_refusing_step_releases_what_earlier_steps_took(env: Env) -> Non
 async def test_budget_state_refuses_below_committed(env: Env) -> None:
     now, _ = await env.redis.time()
     await env.redis.hset(env.adm.keys["fast"].budget, mapping={"exhausted": "1", "retry_at": now + 20})
-    env.adm.replicas["fast"] = ReplicaView(ready=1, startup_s=0.2)
+    env.adm.views["fast"] = TierView(tier_capacity(env.cfg.tiers["fast"], startup_s=0.2),
+                                    Replicas.of([ObservedReplica("fast-1", "ready", 4, 0, 0.0)]))
     e = await _try(env, _req(env, Priority.speculative, tier="fast"))
     assert e is not None and e.code == "budget_exhausted" and 19 <= e.extra["retry_after_s"] <= 21
     assert await _try(env, _req(env, Priority.committed, tier="fast")) is None

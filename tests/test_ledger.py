@@ -12,6 +12,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from fleet.config import TierConfig
+from fleet.policy.tier_budget import token_burn_since
 from fleet.store.ledger import NANO, Ledger, plan_fields
 
 
@@ -124,4 +125,5 @@ async def test_tokens_by_key_and_class_and_what_counts_as_useful(redis: Redis) -
     assert (await lg.tokens_by_key(today))[("desk-7", "committed")]["ct"] == 50
     day = await lg.window(time.time() - 60, time.time())
     assert day.useful_tokens == 55 and day.usd * NANO == pytest.approx(570_000, abs=1)
-    assert await lg.token_burn_usd_per_s(time.time()) > 0
+    now = time.time()
+    assert await lg.token_usd_since(token_burn_since(now), now) == pytest.approx(tot.token_usd, abs=1e-9)

@@ -10,10 +10,10 @@ from fleet.config import Priority
 from fleet.policy import (
     ServiceForecast,
     admit,
-    expected_startup_s,
     predicted_wait_s,
     replica_concurrency,
     service_forecast,
+    startup_estimate,
 )
 
 READY = ServiceForecast(rate=10.0, delay_s=0.0, basis="model")
@@ -122,8 +122,12 @@ def test_forecast_busy_tier_trusts_the_measured_rate() -> None:
 
 
 def test_expected_startup_prefers_measured() -> None:
-    assert expected_startup_s([], 12.0) == 12.0
-    assert expected_startup_s([30.0, 20.0, 25.0], 12.0) == 25.0
+    assert startup_estimate([], [], 12.0) == 12.0
+    assert startup_estimate([30.0, 20.0, 25.0], [], 12.0) == 25.0
+    assert startup_estimate([], [30.0, 20.0, 25.0], 12.0) == 25.0  # the engines' own, when nothing launched here
+    assert startup_estimate([5.0], [30.0], 12.0) == 5.0  # launch to ready, measured here, first
+    assert startup_estimate([], [], 12.0, at_least_s=40.0) == 40.0  # a start timed out after 40 s: the floor
+    assert startup_estimate([20.0], [], 12.0, at_least_s=40.0) == 20.0  # until one is measured
 
 
 def test_replica_concurrency_is_bounded_by_the_kv_cache() -> None:

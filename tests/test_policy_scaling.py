@@ -24,7 +24,6 @@ from fleet.policy import (
     cost_per_million_tokens,
     decide,
     decide_tier,
-    effective_per_replica_rate,
     littles_law,
     replicas_for,
     start_timeout_s,
@@ -202,13 +201,6 @@ def test_scale_from_zero() -> None:
     d = decide_tier(state(ready=0, waiting=1, oldest_wait_s=0.0), cfg, NOW)
     assert (d.action, d.delta) == ("scale_out", 1)
     assert "nothing served" in d.reason
-
-
-def test_effective_rate_trusts_a_saturated_window_only() -> None:
-    assert effective_per_replica_rate(8.0, 2.0, 2, waiting=0, oldest_wait_s=0, rate_window_s=10) == 8.0
-    assert effective_per_replica_rate(8.0, 2.0, 2, waiting=9, oldest_wait_s=3, rate_window_s=10) == 8.0
-    assert effective_per_replica_rate(8.0, 6.0, 2, waiting=9, oldest_wait_s=12, rate_window_s=10) == 3.0
-    assert effective_per_replica_rate(8.0, 40.0, 2, waiting=9, oldest_wait_s=12, rate_window_s=10) == 8.0
 
 
 def test_start_timeout_grows_with_the_start_up() -> None:

@@ -12,11 +12,11 @@ from redis.asyncio import Redis
 
 from fleet.config import Budget, BudgetWindow, GpuInventory, TierConfig
 from fleet.durations import parse_duration
+from fleet.policy import budget_ceiling_for, gpu_ceiling, tier_has_budget
 from fleet.store.keys import TierKeys
 from fleet.store.leader import Lease
 from fleet.store.prewarm_orders import add_order, read_orders
 from scaler.backends import DockerBackend, LocalBackend, Supervised, container_spec
-from scaler.loop import _has_budget, budget_ceiling_of, gpu_ceiling
 from scaler.placement import Placement, discover
 
 # --- CUDA-aware placement -----------------------------------------------------------------
@@ -157,14 +157,14 @@ def test_budget_fails_closed_to_what_runs_when_the_governor_is_silent() -> None:
     windowed = TierConfig(hourly_usd=9.8, budget=Budget(windows=[BudgetWindow(name="open", cron="* * * * *",
                                                                                duration_s=60, usd=1)]))
     free = TierConfig(hourly_usd=9.8)
-    assert _has_budget(budgeted) and _has_budget(windowed) and not _has_budget(free)
-    assert not _has_budget(TierConfig(hourly_usd=0.0, budget=Budget(daily_usd=100)))  # replicas cost nothing
+    assert tier_has_budget(budgeted) and tier_has_budget(windowed) and not tier_has_budget(free)
+    assert not tier_has_budget(TierConfig(hourly_usd=0.0, budget=Budget(daily_usd=100)))  # replicas cost nothing
     # Judged: the published ceiling (none published: unbounded).
-    assert budget_ceiling_of(3.0, True, True, 5) == 3
-    assert budget_ceiling_of(None, True, True, 5) is None
+    assert budget_ceiling_for(3, True, True, 5) == 3
+    assert budget_ceiling_for(None, True, True, 5) is None
     # No fresh judgement: a budgeted tier keeps what it has but does not grow; others are unbounded.
-    assert budget_ceiling_of(None, False, True, 5) == 5
-    assert budget_ceiling_of(None, False, False, 5) is None
+    assert budget_ceiling_for(None, False, True, 5) == 5
+    assert budget_ceiling_for(None, False, False, 5) is None
 
 
 # --- Docker states ------------------------------------------------------------------------

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from fleet.cli import main
 from simulator.arrivals import build_trace
 from simulator.baselines import clairvoyant_bound
-from simulator.engine import SimResult
 from simulator.policies import Action, SimPolicy
 from simulator.report import checks, replicas_at, summarize
+from simulator.results import SimResult
 from simulator.run import POLICIES, simulate
 from simulator.scenario import ScenarioError, load_scenario, parse_scenario
 
@@ -185,8 +185,8 @@ class FixedSize(SimPolicy):
         self.n = n
         self.name = f"fixed-{n}"
 
-    def scale(self, sim: Any, tier: Any, obs: Any) -> Action:
-        have = obs.ready + obs.starting
+    def scale(self, obs: Any, tc: Any) -> Action:
+        have = obs.replicas.ready + obs.replicas.starting
         return Action("scale_out" if self.n > have else "hold", max(0, self.n - have), "fixed", "fixed")
 
 

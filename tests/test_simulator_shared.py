@@ -116,9 +116,8 @@ def _simulated(sc: Scenario, ready: int, waiting: int, ceiling: int | None) -> A
         sim.arrive(Call(TIER, 0, 10, 10), 60.0)
     assert tier.in_flight == ready and tier.waiting == waiting
     sim.t = 0.2
-    sim._meters(tier)
     tier.budget_view = _view(ceiling) if ceiling is not None else None
-    return sim.policy.scale(sim, tier, sim.observe(tier))
+    return sim.policy.scale(sim.observe(tier), tier.tc)
 
 
 @pytest.mark.parametrize(("ready", "waiting", "ceiling", "action"), [

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from fleet import metrics
 from fleet.config import FleetConfig
-from fleet.policy import replica_concurrency
+from fleet.policy import replica_concurrency, tier_capacity
 from fleet.store.connection import Clients
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
@@ -111,11 +111,11 @@ class Worker:
         """Requests this replica runs at once: its slots, but no more than its KV cache holds at the
         tier's typical request shape. What it cannot batch stays in the line, where the gateway's
         admission and the scaler see it, instead of queueing unseen inside the engine."""
-        p = self.tc.sim
+        cap = tier_capacity(self.tc)  # the typical request shape the tier plans with
         kv = getattr(self.engine, "kv_capacity_tokens", None)  # vLLM reports its own after start
         if kv is None and self.engine_name == "sim":
-            kv = p.kv_capacity_tokens
-        return replica_concurrency(self.tc.slots, kv, p.typical_prompt_tokens + p.typical_output_tokens)
+            kv = self.tc.sim.kv_capacity_tokens  # the sim engine's own cache
+        return replica_concurrency(self.tc.slots, kv, cap.typical_prompt_tokens + cap.typical_output_tokens)
 
     async def _claim_loop(self) -> None:
         while not self._draining.is_set():

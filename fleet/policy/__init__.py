@@ -1,30 +1,41 @@
-"""The policy: pure functions of an observed state and the config.
+"""The policy: pure functions over one observation type and the config.
 
-No I/O and no clock of its own: the gateway, the scaler and the simulator pass
-in what they observed (and the time) and execute what comes back. One copy of
-the math, so the live fleet and its replay cannot disagree. Import from here:
+No I/O and no clock of its own: the gateway, the scaler, the workers and the
+simulator pass in what they observed (a `TierObservation`, with its `now`)
+and execute what comes back. One copy of the math, so the live fleet and its
+replay cannot disagree; no caller derives a rate, a drain time, a victim or a
+ceiling itself. The modules, each importing only those above it:
 
-- `capacity`: the autoscaling exercise's functions and the meters.
-- `admission`: join the line or be refused (drain, deadline, budget), and the
-  service forecast it rests on.
-- `tier_budget`: the tier budget governor (windows, projected spend, the budget
-  ceiling, exhausted or not, cost per useful token).
-- `scaling`: the tier decision (scale out, in, hold, capped, with its reason)
-  and the pre-warm windows.
+- `capacity`: the autoscaling exercise's functions and the meters;
+- `tier_capacity`: what one replica is assumed to do (`capacity:` profile);
+- `replicas`: replicas by state, and which one leaves on a scale-in;
+- `admission`: join the line or be refused, and the service forecast;
+- `scaling`: the tier decision (scale out, in, hold, capped, with its reason),
+  the ceilings and their fail-safes;
+- `prewarm`: the pre-warm floor in force;
+- `observation`: `TierObservation` and the builders (rates, drain time, the
+  admission forecast and decision, the scaling state);
+- `calibration`: capacity expected vs seen (start-up, throughput);
+- `tier_budget`: the tier budget governor's math (windows, projected spend,
+  the budget ceiling, exhausted or not, token burn, cost per useful token);
+- `key_budget`: what a call costs an API key.
 """
 
 from fleet.policy.admission import (
-    Decision,
+    AdmissionDecision,
     ServiceForecast,
     admit,
-    expected_service_s,
-    expected_startup_s,
     format_duration,
     predicted_wait_s,
     queue_wait_s,
-    replica_concurrency,
-    service_batch,
     service_forecast,
+)
+from fleet.policy.calibration import (
+    Calibration,
+    calibrate,
+    calibrated_capacity,
+    initial_calibration,
+    startup_estimate,
 )
 from fleet.policy.capacity import (
     backlog_during_startup,
@@ -36,13 +47,27 @@ from fleet.policy.capacity import (
     seconds_to_drain,
     startup_seconds,
 )
+from fleet.policy.observation import (
+    BudgetSignal,
+    TierObservation,
+    admission_forecast,
+    ahead_of,
+    arrival_rate,
+    drain_s,
+    judge_admission,
+    scaling_state,
+    service_rate,
+    waiting,
+)
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
+from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
 from fleet.policy.scaling import (
     ScaleDecision,
     TierState,
+    budget_ceiling_for,
     ceiling_of,
     decide_tier,
-    effective_per_replica_rate,
+    gpu_ceiling,
     start_timeout_s,
     wedged,
 )
@@ -54,33 +79,58 @@ from fleet.policy.tier_budget import (
     cost_per_useful_million,
     judge,
     projected_spend,
+    tier_has_budget,
+    token_burn_since,
+    token_burn_usd_per_s,
+)
+from fleet.policy.tier_capacity import (
+    TierCapacity,
+    default_max_tokens,
+    modelled_startup_s,
+    replica_concurrency,
+    tier_capacity,
 )
 
 __all__ = [
+    "AdmissionDecision",
     "BudgetObservation",
+    "BudgetSignal",
     "BudgetView",
-    "Decision",
+    "Calibration",
+    "ObservedReplica",
     "Prewarm",
     "PrewarmOrder",
+    "Replicas",
     "ScaleDecision",
     "ServiceForecast",
+    "TierCapacity",
+    "TierObservation",
     "TierState",
     "active_prewarm",
     "active_windows",
+    "admission_forecast",
     "admit",
+    "ahead_of",
+    "arrival_rate",
     "backlog_during_startup",
     "budget_ceiling",
+    "budget_ceiling_for",
+    "calibrate",
+    "calibrated_capacity",
     "ceiling_of",
     "cost_per_million_tokens",
     "cost_per_useful_million",
     "decide",
     "decide_tier",
-    "effective_per_replica_rate",
-    "expected_service_s",
-    "expected_startup_s",
+    "default_max_tokens",
+    "drain_s",
     "format_duration",
+    "gpu_ceiling",
+    "initial_calibration",
     "judge",
+    "judge_admission",
     "littles_law",
+    "modelled_startup_s",
     "predicted_wait_s",
     "prewarm_lead_s",
     "projected_spend",
@@ -88,10 +138,18 @@ __all__ = [
     "rate",
     "replica_concurrency",
     "replicas_for",
+    "scale_in_victims",
+    "scaling_state",
     "seconds_to_drain",
-    "service_batch",
     "service_forecast",
+    "service_rate",
     "start_timeout_s",
+    "startup_estimate",
     "startup_seconds",
+    "tier_capacity",
+    "tier_has_budget",
+    "token_burn_since",
+    "token_burn_usd_per_s",
+    "waiting",
     "wedged",
 ]

@@ -1,8 +1,9 @@
 """Admission: join the line, or be refused now with a reason and a truthful retry time. Pure; no I/O.
 
 The gateway observes a tier (line by class, completions, replicas, budget
-state) and asks `admit`; the simulator asks the same function in simulated
-time. The rule (DESIGN.md, "Policy"):
+state) and asks `admit` through `fleet.policy.observation.judge_admission`; the
+simulator asks the same function the same way, in simulated time. The rule
+(DESIGN.md, "Policy"):
 
     wait in line   = start-up still to pay + requests ahead of it of its class or higher / service rate
     time to finish = wait in line + its own expected service time
@@ -20,12 +21,11 @@ replica, so a cold tier says "about 15 s", not "never".
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from fleet.config import Priority, TierConfig
+from fleet.config import Priority
 
 Reason = Literal["drain_exceeded", "deadline_unmeetable", "budget_exhausted"]
 Basis = Literal["measured", "model", "cold_start", "starting"]
@@ -46,8 +46,8 @@ class ServiceForecast:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    """The admission decision, with everything that explains it."""
+class AdmissionDecision:
+    """Join the line or be refused, with everything that explains it."""
 
     admitted: bool
     reason: Reason | None  # None when admitted
@@ -56,41 +56,6 @@ class Decision:
     retry_after_s: int  # whole seconds, >= 1 when refused, 0 when admitted
     ahead: int
     message: str
-
-
-def expected_startup_s(measured_cold_starts: Sequence[float], modelled_s: float) -> float:
-    """Seconds a new replica takes to serve: the median of what replicas measured, else the model.
-
-    Measured beats modelled: weights load from a slower disk than the
-    config assumed, warm-up compiles more than expected.
-    """
-    seen = [s for s in measured_cold_starts if s is not None and s >= 0]
-    return statistics.median(seen) if seen else max(0.0, modelled_s)
-
-
-def replica_concurrency(slots: int, kv_capacity_tokens: int | None, tokens_per_request: int) -> int:
-    """Requests one replica runs at once: its slots, but no more than its KV cache holds
-    at the typical request shape (a replica that accepts more only queues them inside,
-    where the line cannot see them). Always at least one."""
-    if kv_capacity_tokens is None or tokens_per_request <= 0:
-        return max(1, slots)
-    return max(1, min(slots, kv_capacity_tokens // tokens_per_request))
-
-
-def service_batch(tc: TierConfig) -> int:
-    """The batch a call's own service time is judged at: a busy replica's (its slots, as
-    many as its KV cache holds at the tier's typical request shape)."""
-    p = tc.sim
-    return replica_concurrency(tc.slots, p.kv_capacity_tokens, p.typical_prompt_tokens + p.typical_output_tokens)
-
-
-def expected_service_s(tc: TierConfig, prompt_tokens: int, output_tokens: int, batch: int | None = None) -> float:
-    """A request's own service time on a busy replica of its tier (full batch, its tokens),
-    by the tier's latency model. `batch`: `service_batch(tc)`, when the caller keeps it."""
-    # fleet.latency imports this package: imported here, not at the top, to avoid the cycle.
-    from fleet.latency import service_s
-
-    return service_s(tc.sim, prompt_tokens, output_tokens, service_batch(tc) if batch is None else batch)
 
 
 def service_forecast(
@@ -176,7 +141,7 @@ def admit(
     deadline_s: float | None,
     budget_exhausted: bool = False,
     budget_retry_in_s: float | None = None,
-) -> Decision:
+) -> AdmissionDecision:
     """Admit or refuse one request of class `priority`.
 
     `ahead`: requests in the line (and being admitted) of its class or
@@ -200,13 +165,13 @@ def admit(
     deadline = math.inf if deadline_s is None else deadline_s
     if budget_exhausted and priority > Priority.committed:
         retry = budget_retry_in_s if budget_retry_in_s is not None and budget_retry_in_s > 0 else 60.0
-        return Decision(False, "budget_exhausted", done_in, min(deadline, wait_limit_s), _whole_seconds(retry),
+        return AdmissionDecision(False, "budget_exhausted", done_in, min(deadline, wait_limit_s), _whole_seconds(retry),
                         ahead, f"the tier's budget is spent; {priority.name} work is refused until the window "
                         f"resets in {_whole_seconds(retry)} s (committed work is still served)")
     over_deadline = done_in - deadline
     over_limit = in_line - wait_limit_s
     if over_deadline <= 0 and over_limit <= 0:
-        return Decision(True, None, done_in, min(deadline, wait_limit_s), 0, ahead, "admitted")
+        return AdmissionDecision(True, None, done_in, min(deadline, wait_limit_s), 0, ahead, "admitted")
     # Report the bound that is broken by more: that is what the caller must change.
     if over_deadline >= over_limit:
         reason: Reason = "deadline_unmeetable"
@@ -231,4 +196,4 @@ def admit(
         what_of = "time to finish" if reason == "deadline_unmeetable" else "wait in line"
         why = (f"predicted {what_of} {format_duration(shown)} "
                f"({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds {what}")
-    return Decision(False, reason, done_in, bound, retry, ahead, f"{why}; retry after {retry} s")
+    return AdmissionDecision(False, reason, done_in, bound, retry, ahead, f"{why}; retry after {retry} s")

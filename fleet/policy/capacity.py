@@ -62,6 +62,12 @@ def littles_law(arrival_rate: float, time_in_system_s: float) -> float:
     return arrival_rate * time_in_system_s
 
 
+def decode_step_s(base_s: float, per_seq_s: float, batch: int) -> float:
+    """One decode step for a batch: a fixed cost plus a per-sequence cost, so time per
+    output token grows with the batch (the throughput-latency trade)."""
+    return base_s + per_seq_s * max(1, batch)
+
+
 # --- Meters -------------------------------------------------------------------
 
 

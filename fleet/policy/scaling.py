@@ -91,18 +91,24 @@ def ceiling_of(max_replicas: int, budget_ceiling: int | None, gpu_ceiling: int |
     return low, min((by for n, by in limits if n == low), key=order.__getitem__)
 
 
-def effective_per_replica_rate(model_rate: float, service_rate: float, ready: int, waiting: int,
-                               oldest_wait_s: float, rate_window_s: float) -> float:
-    """Requests per second one replica serves: the latency model's figure, unless
-    the replicas have been saturated for a whole rate window and serve less.
+def gpu_ceiling(have: int, draining: int, room: int | None) -> int | None:
+    """The most replicas the GPUs can hold: every replica holding GPUs (ready, starting,
+    and draining until it leaves) plus the room left. `decide_tier` takes the draining
+    ones off the ceiling itself, so they belong in it. None: no GPU limit."""
+    return None if room is None else have + draining + room
 
-    Only a saturated window measures capacity (an idle replica's completions
-    measure demand); trusting a lower measured rate then stops the scaler from
-    believing a model that is too optimistic for this engine.
+
+def budget_ceiling_for(published: int | None, judged: bool, has_budget: bool, have: int) -> int | None:
+    """The budget ceiling to decide with (the fail-safe when the budget is unknown).
+
+    A fresh judgement: its ceiling (None: the budget does not bound). No fresh
+    judgement (the governor is failing and its judgement expired) for a tier with
+    a budget must not mean "unbounded": the tier may keep what it has, but not
+    grow, until the governor answers again. A tier without a budget is not bounded.
     """
-    if waiting > 0 and ready > 0 and service_rate > 0 and oldest_wait_s >= rate_window_s:
-        return min(model_rate, service_rate / ready)
-    return model_rate
+    if judged:
+        return None if published is None else max(0, int(published))
+    return have if has_budget else None
 
 
 _TIMEOUT_DOUBLINGS = 6  # at most 64x: enough to reach a real engine's minutes from a sim profile's seconds
@@ -134,6 +140,27 @@ def wedged(last_beat_s: float, now: float, heartbeat_s: float) -> bool:
 
 
 def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
+    """What to do with one tier now, and why: scale out, scale in by one, hold, or capped.
+
+    `s` is what was observed (`fleet.policy.observation.scaling_state` builds it),
+    `cfg` the tier's config, `now` the epoch seconds the observation was made.
+    In order:
+
+    1. demand: replicas for the arrival rate, and for the line plus what piles
+       up during a start-up drained within the threshold (never counting the
+       replicas already starting, so an order is never placed twice);
+    2. bounds: floor = max(warm floor, pre-warm); ceiling = min(max_replicas,
+       budget, GPU room), draining replicas counted against it;
+    3. scale out to max(demand, floor) within the ceiling (`capped` when the
+       ceiling leaves no room); otherwise
+    4. scale in by one when above the floor (or the ceiling) and demand leaves a
+       replica spare, only with nothing starting, an empty line (unless above
+       the ceiling) and a calm of `scale_in_hold_s`; each step restarts the hold;
+    5. otherwise hold, saying why.
+
+    The decision carries `calm_since`, which the caller passes back in the next
+    `TierState`.
+    """
     thr = cfg.drain_threshold_s
     floor = max(cfg.warm_floor, s.prewarm_floor)
     ceiling, ceiling_by = ceiling_of(cfg.max_replicas, s.budget_ceiling, s.gpu_ceiling)

@@ -143,6 +143,25 @@ def budget_lead_s(tc: TierConfig, startup_s: float) -> float:
 # --- Cost -----------------------------------------------------------------------
 
 
+def tier_has_budget(tc: TierConfig) -> bool:
+    """Whether a budget can bound the tier's replicas: they cost something, and a window caps it."""
+    return tc.hourly_usd > 0 and (tc.budget.daily_usd is not None or bool(tc.budget.windows))
+
+
+TOKEN_BURN_MINUTES = 1  # full minutes behind the current one over which the token burn is measured
+
+
+def token_burn_since(now: float) -> float:
+    """Where the token burn's window starts: the last full minute before the current one
+    (the ledger keeps spend to the minute)."""
+    return (now // 60 - TOKEN_BURN_MINUTES) * 60
+
+
+def token_burn_usd_per_s(token_usd_in_window: float, now: float) -> float:
+    """Per-token spend per second: what tokens cost since `token_burn_since(now)`, over that time."""
+    return max(0.0, token_usd_in_window) / max(1.0, now - token_burn_since(now))
+
+
 def replica_usd_per_s(tc: TierConfig) -> float:
     """What one replica of the tier burns per second, in any state (a starting
     replica holds its GPUs too: the cold-start tax is a real cost)."""

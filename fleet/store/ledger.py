@@ -242,13 +242,11 @@ class Ledger:
     async def spent_usd(self, start_s: float, end_s: float) -> float:
         return (await self.window(start_s, end_s, ("usd",))).usd
 
-    async def token_burn_usd_per_s(self, now: float) -> float:
-        """Per-token spend per second over the last full minute and this one."""
+    async def token_usd_since(self, start: float, now: float) -> float:
+        """What the tier's tokens cost over [start, now) (0 for a tier without a per-token price)."""
         if not self.tc.usd_per_million_tokens:
             return 0.0
-        start = (now // 60 - 1) * 60
-        got = await self.window(start, now, ("usdt",))
-        return got.token_usd / max(1.0, now - start)
+        return (await self.window(start, now, ("usdt",))).token_usd
 
     async def totals(self) -> Spend:
         raw = await self.redis.hgetall(self.keys.ledger_total)

@@ -3,7 +3,8 @@
 Not a fixed sleep: a request pays prefill for its prompt, then all running
 sequences advance one token per decode step, and the step gets slower as the
 batch grows. Requests that would overflow the KV cache wait for space, as
-they would on a GPU. The math lives in `fleet.latency`.
+they would on a GPU. The model lives in `fleet.replica_model`, which the
+simulator runs too.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from fleet.config import SimProfile
-from fleet.latency import cold_start_s, decode_step_s, kv_tokens, prefill_s
+from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
 from workers.engines.base import Delta, EngineRequest
 
 _WORDS = ("line", "drain", "floor", "ceiling", "shed", "budget", "lease", "tier", "replica", "token",
@@ -33,20 +33,21 @@ def prompt_text(req: EngineRequest) -> str:
     return req.prompt or ""
 
 
-@dataclass
-class _Seq:
-    queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
-    remaining: int = 0
-
-
 class SimEngine:
+    """The sim engine in real time: `fleet.replica_model.ReplicaModel` stepped by a clock.
+
+    Each decode step sleeps the model's step time for the batch decoding now,
+    then gives every sequence in the batch its token; a sequence joins after its
+    prefill (paid beside the batch) and waits for KV room before that, as on a GPU.
+    """
+
     def __init__(self, profile: SimProfile, *, time_scale: float = 1.0) -> None:
         # time_scale < 1 runs the model faster than life (tests of cold start).
         self.profile = profile
         self.time_scale = time_scale
         self.cold_start_s = 0.0
-        self._running: dict[str, _Seq] = {}
-        self._kv_used = 0
+        self.model = ReplicaModel(profile)
+        self._tokens: dict[str, asyncio.Queue[int | None]] = {}  # per sequence in the batch: a tick per token
         self._kv_free = asyncio.Condition()
         self._stepper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -63,42 +64,41 @@ class SimEngine:
             await asyncio.gather(self._stepper, return_exceptions=True)
 
     async def abort(self, request_id: str) -> None:
-        seq = self._running.pop(request_id, None)
-        if seq:
-            seq.queue.put_nowait(None)
+        if self.model.leave(request_id) is not None:
+            q = self._tokens.pop(request_id, None)
+            if q is not None:
+                q.put_nowait(None)
 
     async def _step_loop(self) -> None:
         while True:
-            if not self._running:
+            if not self.model.decoding:
                 self._wake.clear()
                 await self._wake.wait()
-            batch = len(self._running)
-            step = decode_step_s(self.profile, batch) * self.time_scale
-            if step > 0:
-                await asyncio.sleep(step)
-            else:
-                await asyncio.sleep(0)
-            for rid, seq in list(self._running.items()):
-                seq.remaining -= 1
-                seq.queue.put_nowait(1)
-                if seq.remaining <= 0:
-                    self._running.pop(rid, None)
+            step = self.model.step_s() * self.time_scale  # re-timed each step: the batch may have changed
+            await asyncio.sleep(step if step > 0 else 0)
+            for key in self.model.decoding:
+                q = self._tokens.get(key)  # type: ignore[call-overload]
+                if q is not None:
+                    q.put_nowait(1)
+            for key in self.model.step():
+                self._tokens.pop(key, None)  # type: ignore[call-overload]
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
         prompt_tokens = count_tokens(prompt_text(req))
-        need = min(kv_tokens(prompt_tokens, req.max_tokens), self.profile.kv_capacity_tokens)
+        need = self.model.kv_need(prompt_tokens, req.max_tokens)
         async with self._kv_free:
-            await self._kv_free.wait_for(lambda: self._kv_used + need <= self.profile.kv_capacity_tokens)
-            self._kv_used += need
+            await self._kv_free.wait_for(lambda: self.model.fits(need))
+            self.model.reserve(need)
         words = itertools.cycle(_WORDS[(hash(req.request_id) % len(_WORDS)):] + _WORDS)
         try:
             await asyncio.sleep(prefill_s(self.profile, prompt_tokens) * self.time_scale)
-            seq = _Seq(remaining=req.max_tokens)
-            self._running[req.request_id] = seq
+            ticks: asyncio.Queue[int | None] = asyncio.Queue()
+            self._tokens[req.request_id] = ticks
+            self.model.join(req.request_id, req.max_tokens)
             self._wake.set()
             done = 0
             while done < req.max_tokens:
-                tick = await seq.queue.get()
+                tick = await ticks.get()
                 if tick is None:
                     return
                 done += 1
@@ -106,7 +106,8 @@ class SimEngine:
                 yield Delta(text=(" " if done > 1 else "") + next(words), prompt_tokens=prompt_tokens,
                             completion_tokens=done, finish_reason="length" if last else None)
         finally:
-            self._running.pop(req.request_id, None)
+            self.model.leave(req.request_id)
+            self._tokens.pop(req.request_id, None)
             async with self._kv_free:
-                self._kv_used -= need
+                self.model.free(need)
                 self._kv_free.notify_all()

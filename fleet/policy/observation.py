@@ -1,0 +1,121 @@
+"""What a part observes of one tier, and the pure builders that turn it into policy inputs.
+
+`TierObservation` is the one shape: the line by class, in flight, the oldest
+wait, arrivals and completions over the rate window (and within the busy
+spell), the replicas by state with their slots, and the budget judgement.
+The live readers build it from Redis (`fleet.observe`, the gateway's
+admission), the simulator from its own state; then everyone derives rates,
+drain time, the admission forecast and the scaling state here, and nowhere
+else. Pure; no I/O, no clock: `now` is in the observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleet.config import Priority
+from fleet.policy.admission import AdmissionDecision, ServiceForecast, admit, service_forecast
+from fleet.policy.capacity import rate, seconds_to_drain
+from fleet.policy.replicas import NO_REPLICAS, Replicas
+from fleet.policy.scaling import TierState
+from fleet.policy.tier_capacity import TierCapacity
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSignal:
+    """The budget governor's judgement, as the policy reads it."""
+
+    exhausted: bool = False
+    retry_at: float | None = None  # epoch seconds the binding window ends, when exhausted
+    ceiling: int | None = None  # the most replicas the budget allows; None: it does not bound
+
+
+@dataclass(frozen=True, slots=True)
+class TierObservation:
+    """One tier at one instant (`now`, epoch seconds)."""
+
+    tier: str
+    now: float
+    window_s: float  # the rate window the counts below are over
+    line: tuple[int, int, int, int] = (0, 0, 0, 0)  # waiting by class, highest first (and being admitted)
+    oldest_wait_s: float = 0.0
+    in_flight: int = 0
+    arrivals_in_window: int = 0  # admitted
+    completions_in_window: int = 0
+    busy_s: float = 0.0  # how long the line has been non-empty, at most the window
+    completions_while_busy: int = 0
+    replicas: Replicas = NO_REPLICAS
+    budget: BudgetSignal | None = None  # None: no judgement published (not judged)
+
+
+# --- meters ------------------------------------------------------------------------------
+
+
+def waiting(obs: TierObservation) -> int:
+    return sum(obs.line)
+
+
+def ahead_of(obs: TierObservation, priority: Priority) -> int:
+    """Requests a new arrival of this class would wait behind: its class and every higher one."""
+    return sum(obs.line[: priority + 1])
+
+
+def arrival_rate(obs: TierObservation) -> float:
+    """Admitted requests per second over the rate window."""
+    return rate(obs.arrivals_in_window, obs.window_s)
+
+
+def service_rate(obs: TierObservation) -> float:
+    """Completed requests per second over the rate window."""
+    return rate(obs.completions_in_window, obs.window_s)
+
+
+def drain_s(obs: TierObservation) -> float:
+    """The scaling signal: seconds to drain the line at the service rate (inf when nothing serves it)."""
+    return seconds_to_drain(waiting(obs), service_rate(obs))
+
+
+# --- admission -----------------------------------------------------------------------------
+
+
+def admission_forecast(obs: TierObservation, cap: TierCapacity) -> ServiceForecast:
+    """How fast the tier will serve a new arrival's line, and after how long (see
+    `fleet.policy.admission.service_forecast`). A starting replica serves when its
+    expected start-up has passed since it was launched."""
+    reps = obs.replicas
+    starting_left = ([r.started + cap.startup_s - obs.now for r in reps.members if r.state == "starting"]
+                     if not reps.ready and reps.starting else [])
+    return service_forecast(
+        ready=reps.ready, starting_left_s=starting_left, per_replica_rate=cap.per_replica_rate,
+        startup_s=cap.startup_s, completions_in_window=obs.completions_in_window, window_s=obs.window_s,
+        busy_s=obs.busy_s, completions_while_busy=obs.completions_while_busy)
+
+
+def judge_admission(obs: TierObservation, cap: TierCapacity, priority: Priority, *, prompt_tokens: int,
+                    output_tokens: int, wait_limit_s: float, deadline_s: float | None) -> AdmissionDecision:
+    """Admit or refuse one call of class `priority` on what was observed (`fleet.policy.admission.admit`).
+
+    `output_tokens`: the length admission assumes, never the call's true one
+    (`TierCapacity.output_estimate`): the gateway cannot know it, nor may the simulator.
+    """
+    b = obs.budget
+    exhausted = b is not None and b.exhausted
+    retry_in = b.retry_at - obs.now if exhausted and b is not None and b.retry_at else None
+    return admit(priority, ahead=ahead_of(obs, priority), forecast=admission_forecast(obs, cap),
+                 service_s=cap.service_s(prompt_tokens, output_tokens), wait_limit_s=wait_limit_s,
+                 deadline_s=deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in)
+
+
+# --- scaling --------------------------------------------------------------------------------
+
+
+def scaling_state(obs: TierObservation, cap: TierCapacity, *, prewarm_floor: int = 0, budget_ceiling: int | None,
+                  gpu_ceiling: int | None = None, calm_since: float | None) -> TierState:
+    """The `TierState` `decide_tier` judges, from an observation and the (calibrated) capacity.
+    `budget_ceiling`: see `fleet.policy.scaling.budget_ceiling_for`."""
+    reps = obs.replicas
+    return TierState(
+        waiting=waiting(obs), oldest_wait_s=obs.oldest_wait_s, arrival_rate=arrival_rate(obs),
+        service_rate=service_rate(obs), ready=reps.ready, starting=reps.starting, draining=reps.draining,
+        per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s, prewarm_floor=prewarm_floor,
+        budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since)

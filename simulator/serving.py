@@ -1,0 +1,241 @@
+"""Calls on replicas, in simulated time: what the workers and their sim engines do live.
+
+- a ready replica with a free slot and room in its KV cache takes the head of
+  the line (strict class order; a lower class never overtakes a higher one);
+- the call reserves its KV room, pays its prefill beside the batch, then joins
+  the replica's decode batch, whose step is re-timed at every change of the
+  batch (`fleet.replica_model.ReplicaModel`, the sim engine's own model);
+- a call whose deadline passes while it runs is aborted at the deadline; one
+  whose deadline passes in the line expires there and never reaches a replica;
+- replicas pay their cold start before serving; a replica chosen to leave
+  (`fleet.policy.scale_in_victims`) drains: it takes nothing new and stops when
+  its last call has ended, so nothing in flight is lost.
+
+Between two changes of a replica's batch nothing needs an event: the next
+finish is scheduled when the batch changes, and superseded by the next change.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fleet.policy import ObservedReplica, scale_in_victims
+from fleet.replica_model import ReplicaModel, prefill_s
+from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
+from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
+
+
+class CallEnds(Protocol):
+    """Who hears how each call ended (the simulator: its chains)."""
+
+    def completed(self, req: Req) -> None: ...
+
+    def timed_out(self, req: Req) -> None: ...
+
+
+class Serving:
+    def __init__(self, events: EventQueue, ends: CallEnds) -> None:
+        self.events = events
+        self.ends = ends
+
+    # --- replicas ---------------------------------------------------------------
+
+    def start_replica(self, tier: TierSim, ready: bool = False) -> SimReplica:
+        t = self.events.t
+        tier.account(t)
+        tier.seq += 1
+        r = SimReplica(f"{tier.name}-{tier.seq}", ReplicaModel(tier.profile), t,
+                       t + (0.0 if ready else tier.cold_start), ready)
+        tier.replicas.append(r)
+        if ready:
+            tier.n_ready += 1
+            tier.ready_list.append(r)
+        else:
+            tier.n_starting += 1
+            self.events.push(r.ready_at, READY, (tier, r))
+        tier.peak_replicas = max(tier.peak_replicas, tier.alive())
+        tier.lifecycle_changed()
+        return r
+
+    def on_ready(self, tier: TierSim, r: SimReplica) -> None:
+        if r.state != "starting":
+            return
+        tier.account(self.events.t)
+        tier.n_starting -= 1
+        tier.n_ready += 1
+        r.state = "ready"
+        r.last_t = self.events.t
+        tier.ready_list.append(r)
+        tier.lifecycle_changed()
+        self.dispatch(tier)
+
+    def drain_replicas(self, tier: TierSim, n: int) -> int:
+        """Drain the `n` replicas the policy names (`fleet.policy.scale_in_victims`)."""
+        tier.account(self.events.t)
+        slots, t0 = tier.tc.slots, tier.start_epoch
+        seen = [ObservedReplica(r.id, r.state, slots, r.running, t0 + r.started) for r in tier.replicas]
+        leaving = {v.id for v in scale_in_victims(seen, n)}
+        removed = 0
+        for r in [r for r in tier.replicas if r.id in leaving]:
+            tier.n_ready -= 1
+            tier.ready_list.remove(r)
+            r.state = "draining"
+            tier.n_draining += 1
+            removed += 1
+            if r.running == 0:
+                self.stop_replica(tier, r)
+        tier.lifecycle_changed()
+        return removed
+
+    def stop_replica(self, tier: TierSim, r: SimReplica) -> None:
+        tier.account(self.events.t)
+        tier.n_draining -= 1
+        r.state = "stopped"
+        r.stopped = self.events.t
+        tier.replicas.remove(r)
+        tier.lifecycle_changed()
+
+    # --- calls ------------------------------------------------------------------
+
+    def enqueue(self, tier: TierSim, req: Req) -> None:
+        """An admitted call joins its tier's line (and is taken at once if a replica has room)."""
+        tier.enq_times.append(self.events.t)
+        tier.line[req.call.cls].append(req)
+        tier.by_class[req.call.cls] += 1
+        tier.waiting += 1
+        self.dispatch(tier)
+        if req.state == QUEUED:
+            self.events.push(req.deadline, EXPIRE, req)
+
+    def dispatch(self, tier: TierSim) -> None:
+        """Hand the head of the line to the least busy ready replica with a free slot and KV room."""
+        if not tier.waiting or not tier.n_ready:
+            return
+        slots = tier.tc.slots
+        by_class = tier.by_class
+        ready = tier.ready_list
+        for cls in range(len(by_class)):
+            q = tier.line[cls]
+            while by_class[cls]:
+                req = q[0]
+                if req.state != QUEUED:
+                    q.popleft()
+                    continue
+                need = req.kv
+                best: SimReplica | None = None
+                least = slots
+                for r in ready:
+                    if r.running < least and r.model.kv_used + need <= r.model.kv_capacity:
+                        best = r
+                        least = r.running
+                if best is None:
+                    return  # a lower class never overtakes a higher one
+                q.popleft()
+                by_class[cls] -= 1
+                tier.waiting -= 1
+                self.begin(tier, req, best)
+
+    def begin(self, tier: TierSim, req: Req, r: SimReplica) -> None:
+        t = self.events.t
+        req.state = RUNNING
+        req.start = t
+        req.replica = r
+        r.running += 1
+        r.model.reserve(req.kv)
+        tier.in_flight += 1
+        prefill = prefill_s(tier.profile, req.call.prompt)
+        self.events.push(t + prefill, PREFILLED, req)
+        # The slowest it can be: a full batch for every step. A deadline beyond that is never hit.
+        if req.deadline < t + prefill + req.call.output * tier.slowest_step_s + 1e-6:
+            self.events.push(req.deadline, ABORT, req)
+
+    def _advance(self, r: SimReplica) -> list[Req]:
+        """Bring the replica's batch to now; the calls that finished on the way."""
+        t = self.events.t
+        done = r.model.advance(t - r.last_t)
+        r.last_t = t
+        return done  # type: ignore[return-value]
+
+    def _reschedule(self, r: SimReplica) -> None:
+        r.version += 1
+        left = r.model.time_to_next_finish()
+        if left is not None:
+            self.events.push(self.events.t + left, DECODED, (r, r.version))
+
+    def on_prefilled(self, req: Req) -> None:
+        if req.state != RUNNING:
+            return  # aborted during its prefill
+        r = req.replica
+        assert r is not None
+        for done in self._advance(r):
+            self._completed(done)
+        req.seq = r.model.join(req, req.call.output)
+        req.first_token = self.events.t + r.model.step_s()
+        self._reschedule(r)
+
+    def on_decoded(self, r: SimReplica, version: int) -> None:
+        if version != r.version:
+            return  # the batch changed since: a later finish was scheduled
+        for done in self._advance(r):
+            self._completed(done)
+        self._reschedule(r)
+
+    def _completed(self, req: Req) -> None:
+        tier = req.tier
+        t = self.events.t
+        out = tier.outcomes[req.call.cls]
+        out.completed += 1
+        tier.done_times.append(t)
+        out.waits.append(req.start - req.t_arr)
+        out.ttfts.append(req.first_token - req.t_arr)
+        if req.call.output > 1:
+            # TPOT as vLLM's bench defines it: (latency - TTFT) / (output tokens - 1).
+            out.tpots.append((t - req.first_token) / (req.call.output - 1))
+        out.useful_tokens += req.call.output
+        tier.token_usd += (req.call.prompt + req.call.output) * tier.usd_per_token
+        self._release(tier, req)
+        self.ends.completed(req)
+
+    def on_abort(self, req: Req) -> None:
+        if req.state != RUNNING:
+            return
+        tier = req.tier
+        r = req.replica
+        assert r is not None
+        made = 0.0
+        if req.seq is not None:
+            for done in self._advance(r):
+                self._completed(done)
+            if req.state != RUNNING:
+                return  # its last token came at the deadline itself
+            made = r.model.tokens_of(req.seq)
+            r.model.leave(req)
+            self._reschedule(r)
+        tier.outcomes[req.call.cls].expired_running += 1
+        tier.done_times.append(self.events.t)  # the slot is freed: for the meters it was served (badly)
+        if tier.usd_per_token:  # the tokens processed before the abort were paid for
+            tier.token_usd += (req.call.prompt + made) * tier.usd_per_token
+        self._release(tier, req)
+        self.ends.timed_out(req)
+
+    def on_expire(self, req: Req) -> None:
+        if req.state != QUEUED:
+            return
+        tier = req.tier
+        req.state = FINISHED
+        tier.by_class[req.call.cls] -= 1
+        tier.waiting -= 1
+        tier.outcomes[req.call.cls].expired_waiting += 1
+        self.ends.timed_out(req)
+
+    def _release(self, tier: TierSim, req: Req) -> None:
+        r = req.replica
+        assert r is not None
+        r.running -= 1
+        r.model.free(req.kv)
+        tier.in_flight -= 1
+        req.state = FINISHED
+        if r.state == "draining" and r.running == 0:
+            self.stop_replica(tier, r)
+        else:
+            self.dispatch(tier)

@@ -1,0 +1,232 @@
+"""What the simulator holds for each tier: its line, its replicas, its meters and its bill.
+
+Mechanism only; what to do with it is the policy's. `TierSim.observation`
+puts it in the policy's one shape, `fleet.policy.TierObservation`, the way
+the live readers put what Redis holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from fleet.config import CLASSES, TierConfig
+from fleet.policy import BudgetSignal, BudgetView, ObservedReplica, Replicas, TierObservation
+from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
+from simulator.arrivals import Call, ChainArrival
+
+# Call states.
+QUEUED, RUNNING, FINISHED = 0, 1, 2
+
+
+class ChainRun:
+    __slots__ = ("arrival", "deadline", "done_at", "outcome", "pending", "shed_reason")
+
+    def __init__(self, arrival: ChainArrival) -> None:
+        self.arrival = arrival
+        self.deadline = arrival.t + arrival.deadline_s
+        self.pending = 0
+        self.outcome: str | None = None  # completed | timed_out | shed
+        self.shed_reason = ""
+        self.done_at = 0.0
+
+
+class SimReplica:
+    """One replica: its lifecycle and its `ReplicaModel` (KV cache and decode batch)."""
+
+    __slots__ = ("id", "last_t", "model", "ready_at", "running", "started", "state", "stopped", "version")
+
+    def __init__(self, rid: str, model: ReplicaModel, started: float, ready_at: float, ready: bool = False) -> None:
+        self.id = rid
+        self.model = model
+        self.started = started
+        self.ready_at = ready_at
+        self.state = "ready" if ready else "starting"
+        self.running = 0  # calls on it: prefilling or decoding
+        self.last_t = started  # the instant its model was last advanced to
+        self.version = 0  # bumped at every batch change: a scheduled finish from before is stale
+        self.stopped: float | None = None
+
+
+class Req:
+    __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "replica", "seq", "stage", "start",
+                 "state", "t_arr", "tier")
+
+    def __init__(self, call: Call, tier: TierSim, t_arr: float, deadline: float,
+                 chain: ChainRun | None = None, stage: int = 0, idx: int = 0) -> None:
+        self.call = call
+        self.tier = tier
+        self.t_arr = t_arr
+        self.deadline = deadline
+        self.chain = chain
+        self.stage = stage
+        self.idx = idx
+        self.state = QUEUED
+        self.start = 0.0
+        self.first_token = 0.0  # when its first token came (it joined the batch, plus one step)
+        self.kv = tier.model_kv_need(call)  # KV-cache room it reserves for its longest life
+        self.replica: SimReplica | None = None
+        self.seq: Sequence | None = None  # in the decode batch, once its prefill is done
+
+
+@dataclass(slots=True)
+class Outcome:
+    accepted: int = 0
+    completed: int = 0
+    expired_waiting: int = 0
+    expired_running: int = 0
+    shed: dict[str, int] = field(default_factory=dict)
+    waits: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    useful_tokens: int = 0
+    arrived: int = 0
+
+
+class TierSim:
+    """One tier: its line, its replicas, its meters and its bill."""
+
+    def __init__(self, name: str, tc: TierConfig, window_s: float, start_epoch: float) -> None:
+        self.name = name
+        self.tc = tc
+        self.profile = tc.sim  # how its replicas behave
+        self.cold_start = cold_start_s(tc.sim)
+        self.slowest_step_s = step_s(tc.sim, tc.slots)  # a decode step of a full batch
+        self.start_epoch = start_epoch
+        self.line: list[deque[Req]] = [deque() for _ in CLASSES]
+        self.by_class = [0, 0, 0, 0]
+        self.waiting = 0
+        self.replicas: list[SimReplica] = []
+        self.ready_list: list[SimReplica] = []  # the replicas that take work now
+        self.n_starting = 0
+        self.n_ready = 0
+        self.n_draining = 0
+        self.in_flight = 0
+        self.outcomes = [Outcome() for _ in CLASSES]
+        self.window_s = window_s
+        # Enqueue and completion instants, as the line's sorted sets keep them; `*_head`
+        # marks the first one still inside the rate window.
+        self.enq_times: list[float] = []
+        self.enq_head = 0
+        self.done_times: list[float] = []
+        self.done_head = 0
+        self.offered = 0  # calls that arrived, admitted or shed
+        self.offered_hist: deque[tuple[float, int]] = deque()
+        self.replica_s = {"starting": 0.0, "ready": 0.0, "draining": 0.0}
+        # Tiers with a per-token price also pay for every token processed.
+        self.usd_per_token = (tc.usd_per_million_tokens or 0.0) / 1e6
+        self.token_usd = 0.0
+        self.token_marks: list[float] = []  # token spend at each tick
+        self.last_acct = 0.0
+        self.seq = 0
+        self.budget_view: BudgetView | None = None  # the budget governor's judgement at the last tick
+        self.windows_seen: dict[tuple[str, float], tuple[float, float]] = {}  # (name, start) -> (end, usd)
+        self.window_starts: dict[str, float] = {}  # the budget windows in force at the last tick
+        self.spend_marks: list[float] = []  # spend at each tick, for "spent since the window began"
+        self.initial_usd_per_s = 0.0
+        self.peak_replicas = 0
+        self._replicas_seen: Replicas | None = None  # as the last lifecycle change left them
+
+    def model_kv_need(self, call: Call) -> int:
+        # A call generates exactly its output: that is the max_tokens its engine reserves for.
+        return min(call.prompt + call.output, self.profile.kv_capacity_tokens)
+
+    # --- meters ---
+
+    def completions_since(self, t0: float) -> int:
+        """Completions at or after `t0` (no earlier than the last trim)."""
+        times = self.done_times
+        return len(times) - bisect.bisect_left(times, t0, self.done_head)
+
+    def arrivals_since(self, t0: float) -> int:
+        times = self.enq_times
+        return len(times) - bisect.bisect_left(times, t0, self.enq_head)
+
+    def trim(self, t: float) -> None:
+        """Forget instants older than the rate window (amortised: compact now and then)."""
+        lo = t - self.window_s
+        for name in ("enq", "done"):
+            times: list[float] = getattr(self, f"{name}_times")
+            head = bisect.bisect_left(times, lo, getattr(self, f"{name}_head"))
+            if head > 4096 and head > len(times) // 2:
+                del times[:head]
+                head = 0
+            setattr(self, f"{name}_head", head)
+
+    def oldest_wait(self, t: float) -> float:
+        oldest = math.inf
+        for q in self.line:
+            while q and q[0].state != QUEUED:
+                q.popleft()
+            if q and q[0].t_arr < oldest:
+                oldest = q[0].t_arr
+        return 0.0 if oldest == math.inf else t - oldest
+
+    # --- the bill ---
+
+    def token_usd_at(self, t: float, tick_s: float) -> float:
+        if t <= 0 or not self.token_marks:
+            return 0.0
+        return self.token_marks[min(int(t / tick_s), len(self.token_marks) - 1)]
+
+    def spend_at(self, t: float, tick_s: float) -> float:
+        """Spend from the replay's start to `t`; before the start the fleet is
+        assumed to have run at its initial replicas (the overnight floor)."""
+        if t <= 0:
+            return self.initial_usd_per_s * t
+        i = int(t / tick_s)
+        return self.spend_marks[min(i, len(self.spend_marks) - 1)] if self.spend_marks else 0.0
+
+    def alive(self) -> int:
+        return self.n_starting + self.n_ready + self.n_draining
+
+    def account(self, t: float) -> None:
+        dt = t - self.last_acct
+        if dt > 0:
+            self.replica_s["starting"] += self.n_starting * dt
+            self.replica_s["ready"] += self.n_ready * dt
+            self.replica_s["draining"] += self.n_draining * dt
+            self.last_acct = t
+
+    @property
+    def replica_seconds(self) -> float:
+        return sum(self.replica_s.values())
+
+    @property
+    def spend_usd(self) -> float:
+        return self.replica_seconds * self.tc.hourly_usd / 3600 + self.token_usd
+
+    # --- what the policy sees ---
+
+    def lifecycle_changed(self) -> None:
+        self._replicas_seen = None
+
+    def _observed(self) -> Replicas:
+        slots, t0 = self.tc.slots, self.start_epoch
+        return Replicas.of(ObservedReplica(r.id, r.state, slots, r.running, t0 + r.started,
+                                           self.cold_start if r.state != "starting" else None)
+                           for r in self.replicas)
+
+    def replicas_seen(self) -> Replicas:
+        """The replicas as of their last change of state (for each arrival's admission: their
+        requests in flight are the last lifecycle change's, as a gateway's are the last heartbeat's)."""
+        if self._replicas_seen is None:
+            self._replicas_seen = self._observed()
+        return self._replicas_seen
+
+    def observation(self, t: float, *, fresh: bool) -> TierObservation:
+        """The tier at `t` seconds into the replay. `fresh`: the replicas as they are now (a
+        scaler tick), else as last seen (an admission)."""
+        w = self.window_s
+        oldest = self.oldest_wait(t)
+        busy = min(oldest, w) if self.waiting else 0.0
+        v = self.budget_view
+        return TierObservation(
+            tier=self.name, now=self.start_epoch + t, window_s=w, line=tuple(self.by_class),  # type: ignore[arg-type]
+            oldest_wait_s=oldest, in_flight=self.in_flight,
+            arrivals_in_window=self.arrivals_since(t - w), completions_in_window=self.completions_since(t - w),
+            busy_s=busy, completions_while_busy=self.completions_since(t - busy) if busy > 0 else 0,
+            replicas=self._observed() if fresh else self.replicas_seen(),
+            budget=None if v is None else BudgetSignal(v.exhausted, v.retry_at, v.ceiling))
