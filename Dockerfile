@@ -15,11 +15,12 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY fleet ./fleet
+COPY fleetctl ./fleetctl
 COPY gateway ./gateway
 COPY workers ./workers
 COPY scaler ./scaler
 COPY simulator ./simulator
-RUN pip install . && python -c "import fleet.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()"
+RUN pip install . && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()"
 
 # The config is mounted at run time (configs/ in compose), so one image serves every fleet.
 COPY configs ./configs

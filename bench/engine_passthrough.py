@@ -193,8 +193,8 @@ def start_fleet(model: Path, work: Path, args: argparse.Namespace) -> tuple[Priv
     env = {**os.environ, "REDIS_URL": server.url, "FLEET_CONFIG": str(cfg), "FLEET_NAMESPACE": "bench"}
     port = free_port()
     py = sys.executable
-    procs = [subprocess.Popen([py, "-m", "fleet.cli", "gateway", "--port", str(port)], env=env, cwd=ROOT),
-             subprocess.Popen([py, "-m", "fleet.cli", "worker", "--tier", "routing", "--engine", "vllm",
+    procs = [subprocess.Popen([py, "-m", "fleetctl", "gateway", "--port", str(port)], env=env, cwd=ROOT),
+             subprocess.Popen([py, "-m", "fleetctl", "worker", "--tier", "routing", "--engine", "vllm",
                                "--replica-id", "routing-bench"], env=env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     return server, procs, port

@@ -123,8 +123,8 @@ def main() -> None:
     gw_port, mock_port = free_port(), free_port()
     py = sys.executable
     procs = [
-        subprocess.Popen([py, "-m", "fleet.cli", "gateway", "--port", str(gw_port)], env=env, cwd=ROOT),
-        subprocess.Popen([py, "-m", "fleet.cli", "worker", "--tier", "routing"], env=env, cwd=ROOT),
+        subprocess.Popen([py, "-m", "fleetctl", "gateway", "--port", str(gw_port)], env=env, cwd=ROOT),
+        subprocess.Popen([py, "-m", "fleetctl", "worker", "--tier", "routing"], env=env, cwd=ROOT),
         subprocess.Popen([py, str(ROOT / "bench" / "mock_upstream.py"), str(mock_port)], env=env, cwd=ROOT),
     ]
     try:

@@ -78,7 +78,7 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """Worker replicas as child processes: `python -m fleet.cli worker --tier T --replica-id ID`."""
+    """Worker replicas as child processes: `python -m fleetctl worker --tier T --replica-id ID`."""
 
     name = "local"
 
@@ -90,7 +90,7 @@ class LocalBackend:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
 
     def command(self, rec: Supervised) -> list[str]:
-        return [sys.executable, "-m", "fleet.cli", "worker", "--tier", rec.tier, "--replica-id", rec.id,
+        return [sys.executable, "-m", "fleetctl", "worker", "--tier", rec.tier, "--replica-id", rec.id,
                 *(["--engine", self.engine] if self.engine else [])]
 
     def launch(self, rec: Supervised) -> None:

@@ -73,7 +73,7 @@ class Fleet:
         return TierKeys(self.namespace, tier)
 
     def spawn(self, *args: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-m", "fleet.cli", *args], env=self.env, cwd=ROOT)
+        p = subprocess.Popen([sys.executable, "-m", "fleetctl", *args], env=self.env, cwd=ROOT)
         self.procs.append(p)
         return p
 

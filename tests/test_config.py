@@ -71,7 +71,7 @@ def test_missing_and_unparsable_files(tmp_path: Path) -> None:
 
 def test_cli_reports_bad_config_without_traceback(tmp_path: Path) -> None:
     bad = _write(tmp_path, GOOD.replace("slots: 4\n", "slots: -1\n", 1))
-    r = subprocess.run([sys.executable, "-m", "fleet.cli", "worker", "--tier", "routing", "--config", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "fleetctl", "worker", "--tier", "routing", "--config", str(bad)],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2
     assert "tiers.routing.slots" in r.stderr

@@ -13,7 +13,7 @@ BODY = {"model": "routing", "messages": [{"role": "user", "content": "x"}], "max
 
 
 def _fleet(f: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", "keys", *args], env=f.env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "fleetctl", "keys", *args], env=f.env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

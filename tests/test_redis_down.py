@@ -17,7 +17,7 @@ def test_gateway_says_503_while_redis_is_down(redis_url: str) -> None:
     own = PrivateRedis().start()  # a Redis of this test's own, to stop under the gateway
     f = Fleet(own.url)
     port = free_port()
-    gw = subprocess.Popen([sys.executable, "-m", "fleet.cli", "gateway", "--port", str(port)], env=f.env, cwd=ROOT)
+    gw = subprocess.Popen([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port)], env=f.env, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _ok(f"{base}/readyz"), 30, what="gateway ready")

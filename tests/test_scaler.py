@@ -226,7 +226,7 @@ def test_dead_replica_is_replaced_and_a_standby_takes_over(sfleet: Fleet) -> Non
     f.port = port
     f.spawn("gateway", "--port", str(port))
     wait_until(f._gateway_ready, 30, what="gateway ready")
-    cli = subprocess.run([sys.executable, "-m", "fleet.cli", "prewarm", TIER, "--floor", "2", "--for", "90s",
+    cli = subprocess.run([sys.executable, "-m", "fleetctl", "prewarm", TIER, "--floor", "2", "--for", "90s",
                           "--url", f.base_url, "--api-key", "sk-admin"], env=f.env, cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr

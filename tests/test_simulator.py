@@ -15,7 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from fleet.cli import main
+from fleetctl.cli import main
 from simulator.arrivals import build_trace
 from simulator.baselines import clairvoyant_bound
 from simulator.policies import Action, SimPolicy

@@ -13,7 +13,7 @@ from tests.harness import ROOT, Fleet
 
 
 def _status(f: Fleet, *args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", "status", "--url", url or f.base_url, *args],
+    return subprocess.run([sys.executable, "-m", "fleetctl", "status", "--url", url or f.base_url, *args],
                           env={**f.env, "COLUMNS": "200"}, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

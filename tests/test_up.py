@@ -14,7 +14,7 @@ from tests.harness import ROOT, TEST_CONFIG, Fleet, wait_until
 
 def test_fleet_up_serves_each_tier_and_stops_cleanly(fleet: Fleet) -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "fleet.cli", "up", "--port", str(port), "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "fleetctl", "up", "--port", str(port), "--config",
                              str(TEST_CONFIG)], env=fleet.env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []

@@ -64,7 +64,7 @@ async def test_dead_engine_drains_the_replica_and_fails_only_what_it_held(redis_
 def test_engine_that_cannot_start_exits_1_with_a_reason(fleet: Fleet, tmp_path: Path) -> None:
     env = {**fleet.env, "FLEET_TIERS__ROUTING__VLLM__MODEL": str(tmp_path / "no-such-model"),
            "FLEET_TIERS__ROUTING__VLLM__KV_CACHE_MEMORY_BYTES": str(64 << 20)}
-    r = subprocess.run([sys.executable, "-m", "fleet.cli", "worker", "--tier", "routing", "--engine", "vllm"],
+    r = subprocess.run([sys.executable, "-m", "fleetctl", "worker", "--tier", "routing", "--engine", "vllm"],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "failed to start" in r.stderr

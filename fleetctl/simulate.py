@@ -1,4 +1,4 @@
-"""`fleet simulate`: the command's body (fleet/cli.py only registers it)."""
+"""`fleet simulate`: replay a scenario under a policy (or all of them), print or --json the outcome."""
 
 from __future__ import annotations
 

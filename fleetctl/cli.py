@@ -111,7 +111,7 @@ def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scal
               help="Engine for every tier (default: each tier's configured engine).")
 def up(host: str, port: int, config_path: str | None, engine_name: str | None) -> None:
     """Everything on one machine: gateway and workers at each tier's warm floor."""
-    from fleet.up import run_up
+    from fleetctl.up import run_up
 
     cfg = _config(config_path)
     sys.exit(run_up(cfg, host=host, port=port, engine=engine_name, config_path=config_path))
@@ -127,7 +127,7 @@ def status(url: str, as_json: bool, api_key: str) -> None:
     """The fleet's status table: line, drain time, replicas, per tier."""
     import httpx
 
-    from fleet.status_table import render
+    from fleetctl.status_table import render
 
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -232,7 +232,7 @@ def prewarm(tier: str, floor: int, duration: str, url: str, api_key: str) -> Non
 def simulate(scenario: str, policy: str, compare: bool, as_json: bool, plot_path: str | None, seed: int | None,
              timeline: int) -> None:
     """Replay a scenario through the real policy in simulated time (see configs/scenarios/)."""
-    from simulator.cli import run_simulate
+    from fleetctl.simulate import run_simulate
 
     sys.exit(run_simulate(scenario, policy=policy, compare=compare, as_json=as_json, plot_path=plot_path,
                           seed=seed, timeline=timeline))

@@ -30,18 +30,19 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
             pw = s.get("prewarm")
             extra = f"  [pre-warm floor {pw['floor']}, {pw['source']}]" if pw else ""
             (console or Console()).print(f"{tier}: {s['last_decision']['reason']}{extra}", markup=False)
-    if any("spend_usd" in s for s in doc["tiers"].values()):
+    if any(s.get("spend_usd") is not None for s in doc["tiers"].values()):
         (console or Console()).print(_spend_table(doc))
 
 
 def _spend_table(doc: dict[str, Any]) -> Table:
-    """Spend against budget per tier (today = the tier's budget day)."""
+    """Spend against budget per tier (today = the tier's budget day), as the budget governor last
+    judged it; a tier not judged yet is left out."""
     t = Table(title="Spend", header_style="bold")
     for col in ("tier", "spent today $", "projected $", "budget $", "budget ceiling", "replica-h", "$/M useful tok",
                 "budget"):
         t.add_column(col, justify="right" if col != "tier" else "left")
     for tier, s in doc["tiers"].items():
-        if "spend_usd" not in s:
+        if s.get("spend_usd") is None:
             continue
         b = s.get("budget") or {}
         state = "EXHAUSTED" if b.get("exhausted") else ("capped" if b.get("capped") else "ok")

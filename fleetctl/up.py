@@ -25,7 +25,7 @@ from fleet.store.keys import TierKeys
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "fleet.cli", *args], env=env)
+    return subprocess.Popen([sys.executable, "-m", "fleetctl", *args], env=env)
 
 
 async def _progress(cfg: FleetConfig, url: str, want: dict[str, int], procs: list[subprocess.Popen[bytes]],
