@@ -319,6 +319,7 @@ class FleetConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _aliases_unique(self) -> FleetConfig:
+        """Cross-field checks: tiers exist, model names are unique, classes are known, leases outlast beats."""
         if not self.tiers:
             raise ValueError("at least one tier is required")
         for tier, tc in self.tiers.items():

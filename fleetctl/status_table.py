@@ -13,6 +13,8 @@ def _num(v: Any, fmt: str = "{:.2f}") -> str:
 
 
 def render(doc: dict[str, Any], console: Console | None = None) -> None:
+    """The status document as tables: each tier's line, drain and replicas; the scaler's last
+    reason; spend against budget."""
     t = Table(title="Fleet Gateway", header_style="bold")
     for col in ("tier", "line c/i/s/b", "in flight", "drain s", "oldest s", "arrive/s", "serve/s",
                 "replicas start/ready/drain", "floor", "ceiling"):

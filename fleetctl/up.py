@@ -30,6 +30,8 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 async def _progress(cfg: FleetConfig, url: str, want: dict[str, int], procs: list[subprocess.Popen[bytes]],
                     limit_s: float = 600) -> bool:
+    """Print each tier's ready replicas against its floor until all are up (True), a part exits
+    or the limit passes (False)."""
     redis = connect(url, "calls", name="fleet-up")
     try:
         t0 = time.monotonic()
@@ -61,6 +63,8 @@ def _interrupt(*_: object) -> None:
 
 
 def run_up(cfg: FleetConfig, *, host: str, port: int, engine: str | None, config_path: str | None) -> int:
+    """Find or start a Redis, start the gateway and the scaler, show the cold starts, then serve
+    until Ctrl-C or SIGTERM, which drains every replica. Returns the exit status."""
     try:
         url, private = resolve_redis()
     except NoRedis as e:

@@ -144,6 +144,8 @@ class Admission:
         return ticket
 
     async def _tier_decision(self, req: AdmissionRequest) -> Ticket:
+        """The tier's admission decision on one round trip's view (marking this call as being
+        admitted) and the cached replicas and capacity; a Ticket, or the typed 429."""
         tc = self.cfg.tiers[req.tier]
         k = self.keys[req.tier]
         member = f"{int(req.priority)}:{req.rid}"

@@ -147,7 +147,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @app.get("/v1/fleet/status", dependencies=[Depends(require_status_reader)])
     async def status(request: Request) -> Response:
         gw: Gateway = request.app.state.gw
-        return _json(await fleet_status(gw.cfg, gw.redis, gw.lines))
+        return _json(await fleet_status(gw.cfg, gw.redis, gw.lines, gw.admission.views))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

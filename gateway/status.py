@@ -20,6 +20,7 @@ from fleet.store.capacity import read_calibration
 from fleet.store.line import Line
 from fleet.store.scaler_state import read_scaler_state
 from fleet.store.tier_budget import BudgetState
+from gateway.admission import TierView
 
 
 def _finite(x: float | None, digits: int = 6) -> float | None:
@@ -59,12 +60,15 @@ def budget_status(state: BudgetState | None) -> dict[str, Any]:
     }
 
 
-async def tier_status(cfg: FleetConfig, redis: Redis, line: Line) -> dict[str, Any]:
+async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView | None = None) -> dict[str, Any]:
+    """One tier's status. `view`: what this gateway's admission holds of the tier (its replicas
+    and its calibrated capacity, refreshed each heartbeat)."""
     tc = cfg.tiers[line.tier]
     live = await read_tier(redis, line, heartbeat_s=cfg.heartbeat_s, window_s=cfg.rate_window_s)
     obs, snap = live.obs, live.snap
     sc = await read_scaler_state(redis, line.keys)  # None: no scaler running
-    cap = calibrated_capacity(tc, await read_calibration(redis, line.keys))  # what admission and scaling assume
+    # What admission and scaling assume: the admission's view, else the scaler's published calibration.
+    cap = view.capacity if view is not None else calibrated_capacity(tc, await read_calibration(redis, line.keys))
     return {
         "line": dict(zip(CLASSES, obs.line, strict=True)),
         "waiting": waiting(obs),
@@ -87,6 +91,9 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line) -> dict[str, A
         **budget_status(live.budget),
         "expected_cold_start_s": cap.startup_s,
         "per_replica_rate": cap.per_replica_rate,
+        "rate_factor": cap.rate_factor,
+        "admission": ({"ready": view.replicas.ready, "starting": view.replicas.starting} if view is not None
+                      else None),
         "outcomes": {k: snap.counters.get(k, 0) for k in ("accepted", "completed", "expired", "cancelled",
                                                             "failed", "requeued")},
         "tokens": {"prompt": snap.counters.get("prompt_tokens", 0),
@@ -94,5 +101,6 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line) -> dict[str, A
     }
 
 
-async def fleet_status(cfg: FleetConfig, redis: Redis, lines: dict[str, Line]) -> dict[str, Any]:
-    return {"tiers": {t: await tier_status(cfg, redis, line) for t, line in lines.items()}}
+async def fleet_status(cfg: FleetConfig, redis: Redis, lines: dict[str, Line],
+                       views: dict[str, TierView] | None = None) -> dict[str, Any]:
+    return {"tiers": {t: await tier_status(cfg, redis, line, (views or {}).get(t)) for t, line in lines.items()}}

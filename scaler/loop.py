@@ -110,6 +110,8 @@ class Scaler:
                     await self.lease.release()  # a standby takes over now, not after the lease runs out
 
     async def step(self) -> None:
+        """One tick: hold or take the lease (a new leader adopts the running replicas); as the
+        leader, tick the budget governor once for the fleet, then each tier."""
         held = await self.lease.hold()
         if held and not self.leader:
             self.leader = True
@@ -245,6 +247,8 @@ class Scaler:
         return False
 
     async def _execute(self, tier: str, d: ScaleDecision, obs: TierObservation) -> str:
+        """Carry out a decision through the supervisor, renewing the lease before each act;
+        returns a note for the published reason (what could not be done, and why)."""
         if d.action == "scale_out":
             started = 0
             for _ in range(d.delta):
@@ -325,6 +329,8 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
                      metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                      config_path: str | None = None, scaler_id: str | None = None,
                      volumes: list[str] | None = None) -> None:
+    """`fleet scaler`: metrics, GPU inventory, the backend (local processes or Docker), the
+    supervisor and the loop, until SIGTERM or SIGINT."""
     from scaler.backends import Backend, DockerBackend, LocalBackend
     from scaler.placement import Placement, discover
 

@@ -148,6 +148,7 @@ def build_trace(sc: Scenario, seed: int | None = None) -> Trace:
 
 
 def _build_trace(sc: Scenario, seed: int) -> Trace:
+    """Draw every arrival and every chain, each process from its own seeded random stream."""
     arrivals: list[Arrival] = []
     for i, a in enumerate(sc.spec.arrivals):
         rng = random.Random(f"{seed}/arrivals/{i}")

@@ -89,6 +89,8 @@ class _Stabilised(SimPolicy, ABC):
         """Replicas this baseline wants now, and why (each baseline its own rule)."""
 
     def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+        """At each sync: scale up at once to the recommendation; down only to the highest
+        recommendation of the stabilisation window, never while a replica starts."""
         reps = obs.replicas
         have = reps.ready + reps.starting
         last = self.last.get(obs.tier)
@@ -149,6 +151,8 @@ class Ray(SimPolicy):
         self.down_since: dict[str, float | None] = {}
 
     def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+        """Ray Serve's rule: ongoing requests averaged over the look-back, over the target per
+        replica, acted on only after the up- or down-scale delay has held."""
         name, now, reps = obs.tier, obs.now, obs.replicas
         h = self.hist.setdefault(name, deque())
         h.append((now, obs.in_flight + waiting(obs)))

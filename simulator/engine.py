@@ -25,7 +25,7 @@ import time
 from heapq import heappop
 
 from fleet.config import CLASSES, Priority
-from fleet.policy import TierObservation, drain_s
+from fleet.policy import TierObservation, arrival_rate, drain_s, rate
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
 from simulator.policies import SimPolicy
@@ -135,6 +135,8 @@ class Simulator:
         return tier.observation(self.t, fresh=True)
 
     def tick(self) -> None:
+        """The scaler's tick, per tier: account the bill, judge the budget, let the policy decide
+        on an observation, execute, and record the timeline and a sample."""
         for tier in self.tiers.values():
             tier.account(self.t)
             tier.spend_marks.append(tier.spend_usd)
@@ -157,9 +159,9 @@ class Simulator:
             tier.offered_hist.append((self.t, tier.offered))
             while tier.offered_hist[0][0] < self.t - tier.window_s:
                 tier.offered_hist.popleft()
-            offered = (tier.offered - tier.offered_hist[0][1]) / tier.window_s
+            offered = rate(tier.offered - tier.offered_hist[0][1], tier.window_s)  # admitted or not
             self.samples[tier.name].append(Sample(
-                self.t, offered, obs.arrivals_in_window / obs.window_s, tier.waiting, drain_s(obs),
+                self.t, offered, arrival_rate(obs), tier.waiting, drain_s(obs),
                 tier.n_starting, tier.n_ready, tier.n_draining, tier.spend_usd))
         if self.t + self.tick_s <= self.sc.duration_s:
             self.events.push(self.t + self.tick_s, TICK, None)

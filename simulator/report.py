@@ -32,6 +32,8 @@ def _num(x: float | None, nd: int = 3) -> float | None:
 
 
 def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
+    """The replay as one plain dict (what --json prints): per tier and class, outcomes and
+    latencies; per tier, replica-hours, spend and budget windows; goodput; the timeline."""
     sc = r.scenario
     dur = sc.duration_s
     tiers: dict[str, Any] = {}
@@ -159,6 +161,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> str:
+    """The summary for a terminal: the timeline of decisions, then the outcome tables."""
     out = [f"scenario {s['scenario']} under policy {s['policy']} (seed {s['seed']}, "
            f"{s['duration_s'] / 3600:.2f} h simulated in {s['wall_s']:.1f} s, {s['events']} events)", ""]
     if "timeline" in s and timeline_limit != 0:

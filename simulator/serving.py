@@ -197,6 +197,8 @@ class Serving:
         self.ends.completed(req)
 
     def on_abort(self, req: Req) -> None:
+        """Its deadline passed while it ran: out of the batch, the tokens it made are paid for,
+        its slot and KV room are freed, and its chain has timed out."""
         if req.state != RUNNING:
             return
         tier = req.tier

@@ -30,10 +30,17 @@ def up(redis_url: str) -> Iterator[Fleet]:
         ids = {tier: f.start_worker(tier, wait=False) for tier in SERVED}
         for tier, rid in ids.items():
             wait_until(lambda t=tier, r=rid: f.replica_state(t, r) == "ready", 60, what=f"{tier} ready")
-        time.sleep(0.6)  # the gateway's replica view refreshes every heartbeat
+        # The gateway's admission refreshes its view of the replicas each heartbeat: wait until it sees them.
+        wait_until(lambda: all(_admission_sees_ready(f, tier) for tier in SERVED), 20,
+                   what="the gateway's admission seeing every replica ready")
         yield f
     finally:
         f.stop()
+
+
+def _admission_sees_ready(f: Fleet, tier: str) -> bool:
+    doc = httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][tier]
+    return doc["admission"]["ready"] == 1
 
 
 def _chat(tier: str, max_tokens: int = 10, **kw) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -97,10 +104,18 @@ def test_retry_after_is_honest(up: Fleet) -> None:
     # probe (which may wait 1.2 s) is refused, waits exactly Retry-After and tries again. Honest
     # means the second try is admitted. Bursts of different sizes give different Retry-Afters, so
     # a constant one would fail here.
+    def accepted() -> int:
+        return up.counters("retry").get("accepted", 0)
+
     async def trial(c: httpx.AsyncClient, n: int) -> tuple[int, bool] | None:
+        before = accepted()
         flood = [asyncio.create_task(_post(c, _chat("retry"), {**AGENT, "x-priority": "interactive"}))
                  for _ in range(n)]
-        await asyncio.sleep(0.3)
+        # Every call of the burst has been judged (in the line, or refused at once) before the probe.
+        for _ in range(3000):
+            if accepted() - before + sum(t.done() and t.result()[0].status_code == 429 for t in flood) >= n:
+                break
+            await asyncio.sleep(0.01)
         r, _ = await _post(c, _chat("retry"), {**AGENT, "x-priority": "background"})
         outcome = None
         if r.status_code == 429:

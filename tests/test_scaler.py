@@ -217,8 +217,11 @@ def test_dead_replica_is_replaced_and_a_standby_takes_over(sfleet: Fleet) -> Non
     assert took < 6, f"takeover took {took:.1f} s"
     leader_b = f.r.get(scaler_leader_key(f.namespace)).decode()
     wait_until(lambda: published(f).get("scaler") == leader_b, 10, what="the standby deciding")
-    # It adopted the running replica instead of starting another.
-    time.sleep(1.0)
+    # It adopted the running replica instead of starting another: after four of its ticks
+    # (0.25 s each), it has ordered nothing, and nothing is starting.
+    first_tick = float(published(f)["ts"])
+    wait_until(lambda: float(published(f)["ts"]) >= first_tick + 1.0, 10, what="four ticks of the new leader")
+    assert not [e for e in stream(f) if e.get("scaler") == leader_b and e.get("action") == "scale_out"]
     assert ready(f) == {replacement} and published(f)["starting"] == "0"
 
     # An operator pre-warm, through the CLI and the gateway, is applied by the new leader.

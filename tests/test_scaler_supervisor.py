@@ -5,10 +5,12 @@ never takes: the start timeout, the kill after the drain grace, adoption by a ne
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -49,6 +51,21 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 def supervisor(redis: Redis, cfg: FleetConfig, backend: LocalBackend, grace: float = 300.0) -> Supervisor:
     return Supervisor(cfg, redis, backend, Placement(discover(cfg.gpus)[0]), drain_grace_s=grace)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+    return bool(ignored & (1 << (signal.SIGTERM - 1)))
+
+
+async def until_ignores_sigterm(pid: int, limit_s: float = 10.0) -> None:
+    """Until the process has set SIGTERM to ignored (the kernel says so in /proc/PID/status)."""
+    for _ in range(int(limit_s / 0.02)):
+        if _ignores_sigterm(pid):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"process {pid} did not ignore SIGTERM within {limit_s} s")
 
 
 async def until_gone(sup: Supervisor, rid: str | None = None, limit_s: float = 10.0) -> list[str]:
@@ -94,11 +111,11 @@ async def test_a_replica_that_will_not_drain_is_killed_after_the_grace(redis: Re
     cfg = config(f"t{uuid.uuid4().hex[:8]}")
     sup = supervisor(redis, cfg, StandIn(ignore_term=True), grace=0.5)
     rec = await sup.start("planner")
-    assert rec is not None
-    await asyncio.sleep(0.3)  # let it install its SIGTERM trap
+    assert rec is not None and rec.pid is not None
+    await until_ignores_sigterm(rec.pid)  # its trap is in place
     assert await sup.drain(rec.id) and not await sup.drain(rec.id)  # once
-    await asyncio.sleep(0.2)
-    assert sup.backend.alive(rec)  # ignored SIGTERM, still within the grace
+    # Within the grace: the SIGTERM was ignored (the process lives on) and nothing was killed.
+    assert await sup.poll(set()) == [] and rec.state == "draining" and sup.backend.alive(rec)
     assert await until_gone(sup) == ["killed_after_grace"]
 
 
@@ -144,7 +161,8 @@ async def test_a_start_timeout_doubles_the_next_limit_and_a_loading_replica_is_n
     assert await sup.poll(set(), startup_s=2.0, tier="planner", beating_ids={b.id}) == []
     (ev,) = await sup.poll(set(), startup_s=2.0, tier="planner", beating_ids=set())  # silent: stopped
     assert ev.event == "start_timeout" and "after 28 s" in ev.detail
-    # A start that reaches ready resets the doubling.
+    # A start that reaches ready resets the doubling (once the first stopped one has left its GPUs).
+    await until_gone(sup, a.id)
     c = await sup.start("planner")
     assert c is not None
     assert [e.event for e in await sup.poll({c.id}, startup_s=2.0, tier="planner", beating_ids={c.id})] == ["ready"]

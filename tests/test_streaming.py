@@ -40,6 +40,16 @@ async def running(line: Line, n: int = 1, lease_s: float = 5) -> list[Claimed]:
     return await line.claim("w", n, lease_s)
 
 
+async def until(read, want, limit_s: float = 10.0):  # type: ignore[no-untyped-def]
+    """Await `read()` until it returns `want` (a condition, not a fixed sleep)."""
+    got = None
+    for _ in range(int(limit_s / 0.01)):
+        if (got := await read()) == want:
+            return got
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"still {got!r}, not {want!r}, after {limit_s} s")
+
+
 async def texts(line: Line, rid: str) -> list[str]:
     return [orjson.loads(f[b"e"])["x"] for _, f in await line.redis.xrange(line.keys.result(rid))]
 
@@ -73,7 +83,7 @@ async def test_first_token_is_not_held_for_the_window(line: Line) -> None:
     a, b = await running(line, 2)
     w.open(a.lease, a.rid, a.owner, a.attempt)
     w.push(a.lease, "x")  # starts a long window after its write
-    await asyncio.sleep(0.05)
+    await until(lambda: texts(line, a.rid), ["x"])  # written: the window runs
     w.open(b.lease, b.rid, b.owner, b.attempt)
     w.push(b.lease, "y")
     await asyncio.wait_for(w.close(b.lease), 1.0)  # b's first token (and its close) cut a's window short
@@ -98,13 +108,18 @@ async def test_close_waits_for_the_last_token_then_the_final_event_follows(line:
 
 async def test_discarded_stream_writes_nothing_more(line: Line) -> None:
     w = StreamWriter(line, window_s=0.2)
-    [c] = await running(line)
+    c, other = await running(line, 2)
     w.open(c.lease, c.rid, c.owner, c.attempt)
     w.push(c.lease, "first")
-    await asyncio.sleep(0.05)  # written; the window runs
+    await until(lambda: texts(line, c.rid), ["first"])  # written; the window runs
     w.push(c.lease, "dropped")
     w.discard(c.lease)  # cancelled: what is buffered goes nowhere
-    await asyncio.sleep(0.3)
+    # Another stream's text, pushed after the discard, is written: the writer has run the
+    # batch "dropped" would have ridden in, had it been kept.
+    w.open(other.lease, other.rid, other.owner, other.attempt)
+    w.push(other.lease, "later")
+    await w.close(other.lease)
+    assert await texts(line, other.rid) == ["later"]
     assert await texts(line, c.rid) == ["first"]
     await w.stop()
 
@@ -112,8 +127,7 @@ async def test_discarded_stream_writes_nothing_more(line: Line) -> None:
 async def test_an_attempt_whose_lease_was_reaped_writes_nothing(line: Line) -> None:
     """A replica that stalled past its lease must not stream into the request's next attempt."""
     [old] = await running(line, lease_s=0.05)
-    await asyncio.sleep(0.1)
-    assert await line.reap() == (1, 0, 0)  # back in the line, not streamed yet
+    assert await until(line.reap, (1, 0, 0))  # its lease ran out: back in the line, not streamed yet
     [new] = await line.claim("w", 1, 5)  # the same replica gets it again: attempt 2
     assert new.rid == old.rid and new.attempt == 2 and new.owner != old.owner
     w = StreamWriter(line, window_s=0)

@@ -86,6 +86,8 @@ class StreamWriter:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _write_loop(self) -> None:
+        """Write every stream's buffered text in one round trip, then let the window pass (cut
+        short by a first token or a close); a lost lease or a Redis error fails its streams."""
         while True:
             await self._more.wait()
             self._more.clear()

@@ -64,6 +64,9 @@ class Worker:
     # --- lifecycle ------------------------------------------------------------
 
     async def run(self) -> None:
+        """The replica's life: beat as starting, start the engine (its measured cold start),
+        beat as ready, claim and serve until drained, then finish what runs, charge the last
+        seconds, leave the heartbeats and stop the engine."""
         await self._heartbeat_once()
         hb = asyncio.create_task(self._heartbeat_loop())
         try:
@@ -118,6 +121,14 @@ class Worker:
         return replica_concurrency(self.tc.slots, kv, cap.typical_prompt_tokens + cap.typical_output_tokens)
 
     async def _claim_loop(self) -> None:
+        """Claim from the line only what the free slots allow, until the replica drains.
+
+        Full: wait for a slot to free. Free slots: one CLAIM for as many as are
+        free; each claimed request runs in its own task (`_serve`). Nothing
+        claimed: block on the line's bell (an enqueue rings it) for up to a
+        second, or until the replica drains. A Redis error waits a little and
+        retries; what already runs keeps running.
+        """
         while not self._draining.is_set():
             free = self.concurrency - len(self.active)
             if free <= 0:
@@ -150,6 +161,18 @@ class Worker:
     # --- serving --------------------------------------------------------------
 
     async def _serve(self, c: Claimed) -> None:
+        """Run one claimed request on the engine and end it with exactly one outcome.
+
+        Within the time left to its deadline: stream its tokens (through the
+        replica's `StreamWriter`) or gather them, then `finish` it completed with
+        its usage, TTFT and TPOT, only while this attempt still holds the lease.
+        Past the deadline: abort it in the engine, finish it expired (504). Lease
+        lost (reaped while it ran) or cancelled: abort it in the engine, and leave
+        the outcome to whoever took it over. An engine error: finish it failed
+        (400 when the engine refused the request itself, else 502); a dead engine
+        also drains the replica. Always: free the slot and charge the tokens
+        generated to the ledger (useful only when completed on time).
+        """
         p = c.payload
         stream = bool(p.get("stream"))
         req = EngineRequest(

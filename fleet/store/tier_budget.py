@@ -48,6 +48,8 @@ def _f(x: float | None, digits: int = 9) -> str:
 
 
 def _fields(s: BudgetState) -> dict[str, str]:
+    """The record as hash fields: the judgement flat (admission and the scaler read single
+    fields), the windows and the day's spend as JSON (the status page reads them whole)."""
     v, d = s.view, s.day
     return {
         EXHAUSTED: "1" if v.exhausted else "0",

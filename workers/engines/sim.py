@@ -84,6 +84,8 @@ class SimEngine:
                 self._tokens.pop(key, None)  # type: ignore[call-overload]
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+        """Wait for KV room, pay the prefill, join the batch, then yield a token per decode step
+        until max_tokens (or an abort); the KV room is freed however it ends."""
         prompt_tokens = count_tokens(prompt_text(req))
         need = self.model.kv_need(prompt_tokens, req.max_tokens)
         async with self._kv_free:
