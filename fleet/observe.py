@@ -35,12 +35,12 @@ def budget_signal(state: BudgetState | None) -> BudgetSignal | None:
 
 
 def observation_of(tier: str, snap: LineSnapshot, replicas: Iterable[ObservedReplica], budget: BudgetState | None,
-                   *, window_s: float, now: float) -> TierObservation:
+                   *, window_s: float, now: float, startups_measured: Iterable[float] = ()) -> TierObservation:
     return TierObservation(
         tier=tier, now=now, window_s=window_s, line=snap.by_class, oldest_wait_s=snap.oldest_wait_s,
         in_flight=snap.inflight, arrivals_in_window=snap.arrivals_in_window,
         completions_in_window=snap.completions_in_window, replicas=Replicas.of(replicas),
-        budget=budget_signal(budget))
+        startups_measured=tuple(startups_measured), budget=budget_signal(budget))
 
 
 @dataclass(frozen=True, slots=True)

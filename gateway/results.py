@@ -6,10 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from redis.asyncio import Redis
 
-from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.line import Line
 
 # After the deadline, how long to wait for the final event before answering without it.
@@ -29,7 +27,6 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
     aborted in its engine) and the 504 event that `finish` writes is read
     like any other. If a worker finished first, its event wins.
     """
-    key = line.keys.result(rid)
     last = "0-0"
     expired_sent = False
     loop = asyncio.get_running_loop()
@@ -46,20 +43,15 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
                 yield {"t": "err", "status": 504, "type": "deadline_exceeded",
                        "msg": "deadline passed and the request's result was lost"}
                 return
-            block_ms = max(1, min(int(left * 1000) + 1, int(MAX_BLOCK_S * 1000))) if left > 0 else 1000
-            # The line's blocking client: its read timeout exceeds the longest block.
-            resp = await line.blocking.xread({key: last}, block=block_ms, count=256)
-            if not resp:
-                continue
-            for entry_id, fields in resp[0][1]:
+            block_ms = int(left * 1000) + 1 if left > 0 else 1000
+            for entry_id, ev in await line.read_events(rid, last, block_ms):
                 last = entry_id
-                ev = orjson.loads(fields[b"e"])
                 yield ev
                 if ev["t"] in ("done", "err"):
                     return
     finally:
         # Read, so drop it now rather than at its TTL, off the caller's path.
-        task = asyncio.get_running_loop().create_task(redis.unlink(key))
+        task = asyncio.get_running_loop().create_task(line.drop_events(rid))
         _unlinks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(_unlinks.discard)
 

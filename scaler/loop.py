@@ -201,9 +201,8 @@ class Scaler:
         now = time.time()
         budget = await read_budget_state(self.redis, k)
         obs = observation_of(tier, snap, self._replicas(tier, heartbeats), budget, window_s=self.cfg.rate_window_s,
-                             now=now)
+                             now=now, startups_measured=self.measured[tier])
         cal = calibrate(self.calibration.get(tier) or initial_calibration(tc), tc, obs,
-                        measured_startups=list(self.measured[tier]),
                         at_least_s=self.startup_at_least.get(tier, 0.0))
         self.calibration[tier] = cal
         await publish_calibration(self.redis, k, cal, now)

@@ -160,7 +160,8 @@ def test_calibration_of_the_start_up() -> None:
     assert first.startup_s == 3.0
     beats = obs(replicas=Replicas.of([rep("a", cold=8.0), rep("b", cold=10.0)]))
     assert calibrate(first, TC, beats).startup_s == 9.0  # the engines' own, median
-    assert calibrate(first, TC, beats, measured_startups=[12.0]).startup_s == 12.0  # launch to ready wins
+    launched = obs(replicas=beats.replicas, startups_measured=(12.0,))
+    assert calibrate(first, TC, launched).startup_s == 12.0  # launch to ready, measured by the supervisor, wins
     assert calibrate(first, TC, obs(), at_least_s=40.0).startup_s == 40.0  # a start timed out after 40 s
 
 

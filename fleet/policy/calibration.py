@@ -59,13 +59,13 @@ def initial_calibration(tc: TierConfig) -> Calibration:
     return Calibration(startup_s=modelled_startup_s(tc))
 
 
-def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, measured_startups: Sequence[float] = (),
-              at_least_s: float = 0.0) -> Calibration:
-    """The calibration after this observation (see the module doc)."""
+def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_least_s: float = 0.0) -> Calibration:
+    """The calibration after this observation (see the module doc). `at_least_s`: the longest
+    start that timed out, a floor on the start-up until one is measured."""
     ready = obs.replicas.ready
     ready_since = prev.ready_since if ready == prev.ready and prev.ready_since is not None else obs.now
     engine = [r.cold_start_s for r in obs.replicas.members if r.cold_start_s is not None]
-    startup = startup_estimate(measured_startups, engine, modelled_startup_s(tc), at_least_s)
+    startup = startup_estimate(obs.startups_measured, engine, modelled_startup_s(tc), at_least_s)
     factor = prev.rate_factor
     served = rate(obs.completions_in_window, obs.window_s)
     saturated = (waiting(obs) > 0 and ready > 0 and served > 0 and obs.oldest_wait_s >= obs.window_s
@@ -73,7 +73,7 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, measur
     if saturated:
         modelled = tier_capacity(tc).per_replica_rate
         factor = min(RATE_FACTOR_MAX, max(RATE_FACTOR_MIN, served / ready / modelled))
-    return Calibration(startup_s=startup, rate_factor=factor, measured_startups=len(measured_startups),
+    return Calibration(startup_s=startup, rate_factor=factor, measured_startups=len(obs.startups_measured),
                        ready=ready, ready_since=ready_since)
 
 

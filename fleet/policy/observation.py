@@ -2,7 +2,9 @@
 
 `TierObservation` is the one shape: the line by class, in flight, the oldest
 wait, arrivals and completions over the rate window (and within the busy
-spell), the replicas by state with their slots, and the budget judgement.
+spell), the replicas by state with their slots (and their engines' measured
+start-ups), the start-ups measured from launch to ready, and the budget
+judgement.
 The live readers build it from Redis (`fleet.observe`, the gateway's
 admission), the simulator from its own state; then everyone derives rates,
 drain time, the admission forecast and the scaling state here, and nowhere
@@ -45,6 +47,7 @@ class TierObservation:
     busy_s: float = 0.0  # how long the line has been non-empty, at most the window
     completions_while_busy: int = 0
     replicas: Replicas = NO_REPLICAS
+    startups_measured: tuple[float, ...] = ()  # launch to ready, as the supervisor measured it (newest last)
     budget: BudgetSignal | None = None  # None: no judgement published (not judged)
 
 

@@ -211,6 +211,18 @@ class Line:
             args += [rid, owner, "1" if first else "0", orjson.dumps(event)]
         return [int(i) for i in await self._emit(keys=[self.keys.inflight], args=args)]
 
+    async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
+        """The request's result events after entry `after` ("0-0": from the start), each with its
+        entry id, waiting up to `block_ms` for one (on the blocking client). The caller of the
+        request is their one reader."""
+        block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
+        resp = await self.blocking.xread({self.keys.result(rid): after}, block=block, count=256)
+        return [(_s(entry), orjson.loads(fields[b"e"])) for entry, fields in resp[0][1]] if resp else []
+
+    async def drop_events(self, rid: str) -> None:
+        """The result stream has been read: drop it now rather than at its TTL."""
+        await self.redis.unlink(self.keys.result(rid))
+
     async def wait_for_work(self, timeout_s: float) -> None:
         """Block until an enqueue rings the bell or the timeout passes."""
         await self.blocking.blpop([self.keys.bell], timeout=min(timeout_s, MAX_BLOCK_S))
