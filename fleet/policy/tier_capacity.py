@@ -8,7 +8,7 @@ the simulator. Pure; no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fleet.config import TierConfig
 from fleet.policy.capacity import decode_step_s, startup_seconds
@@ -40,24 +40,23 @@ class TierCapacity:
     typical_output_tokens: int
     max_tokens_default: int  # what a call that names no max_tokens may generate
     rate_factor: float = 1.0  # measured / modelled throughput (calibration); 1 until measured
+    # Worked out once (the simulator asks for every call): see `__post_init__`.
+    batch: int = field(init=False)  # the batch a busy replica runs: its slots, as many as its KV cache holds
+    per_replica_rate: float = field(init=False)  # requests per second one full replica serves, typical shape
+    _step_s: float = field(init=False, repr=False)
 
-    @property
-    def batch(self) -> int:
-        """The batch a busy replica runs: its slots, as many as its KV cache holds at the typical shape."""
-        return replica_concurrency(self.slots, self.kv_capacity_tokens,
-                                   self.typical_prompt_tokens + self.typical_output_tokens)
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: the derived figures are set once, here
+        batch = replica_concurrency(self.slots, self.kv_capacity_tokens,
+                                    self.typical_prompt_tokens + self.typical_output_tokens)
+        set_(self, "batch", batch)
+        set_(self, "_step_s", decode_step_s(self.decode_base_s, self.decode_per_seq_s, batch))
+        set_(self, "per_replica_rate", batch / self.service_s(self.typical_prompt_tokens, self.typical_output_tokens))
 
     def service_s(self, prompt_tokens: int, output_tokens: int, batch: int | None = None) -> float:
         """A request's own service time on a busy replica (a full batch, its own tokens)."""
-        b = self.batch if batch is None else batch
-        model = (prompt_tokens / self.prefill_tokens_per_s
-                 + output_tokens * decode_step_s(self.decode_base_s, self.decode_per_seq_s, b))
-        return model / self.rate_factor
-
-    @property
-    def per_replica_rate(self) -> float:
-        """Requests per second one full replica serves at the typical request shape."""
-        return self.batch / self.service_s(self.typical_prompt_tokens, self.typical_output_tokens)
+        step = self._step_s if batch is None else decode_step_s(self.decode_base_s, self.decode_per_seq_s, batch)
+        return (prompt_tokens / self.prefill_tokens_per_s + output_tokens * step) / self.rate_factor
 
     @property
     def tokens_per_s(self) -> float:
