@@ -39,7 +39,8 @@ def up(redis_url: str) -> Iterator[Fleet]:
 
 
 def _admission_sees_ready(f: Fleet, tier: str) -> bool:
-    doc = httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][tier]
+    doc = httpx.get(f"{f.base_url}/v1/fleet/status", headers={"authorization": "Bearer sk-admin"},  # keys exist
+                    timeout=10).json()["tiers"][tier]
     return doc["admission"]["ready"] == 1
 
 

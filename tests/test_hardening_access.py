@@ -92,7 +92,7 @@ def test_fleet_status_cli_sends_its_key(closed: tuple[Fleet, str, int]) -> None:
     f, base, _ = closed
 
     def cli(key: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fleet.cli", "status", "--url", base, "--json"],
+        return subprocess.run([sys.executable, "-m", "fleetctl", "status", "--url", base, "--json"],
                               env={**f.env, "FLEET_API_KEY": key}, cwd=ROOT, capture_output=True, text=True,
                               timeout=60)
 
@@ -114,7 +114,7 @@ def test_status_auth_modes_and_keys_stored_in_redis(redis_url: str) -> None:
         r = httpx.get(f"{required}/metrics")  # required, and no key exists that could read it
         assert r.status_code == 401 and typed(r.content)["code"] == "invalid_api_key"
         # ... until a key is stored at run time: auto now requires one too, within a heartbeat.
-        add = subprocess.run([sys.executable, "-m", "fleet.cli", "keys", "add", "ops-reader", "--read-status"],
+        add = subprocess.run([sys.executable, "-m", "fleetctl", "keys", "add", "ops-reader", "--read-status"],
                              env=f.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert add.returncode == 0, add.stderr
         secret = add.stdout.strip()
@@ -205,7 +205,7 @@ def test_the_dashboard_asks_for_a_key_and_works_with_one(closed: tuple[Fleet, st
 
 def test_a_taken_metrics_port_stops_start_up_with_a_message(redis_url: str) -> None:
     port = free_port()
-    r = subprocess.run([sys.executable, "-m", "fleet.cli", "gateway", "--port", str(port), "--metrics-port",
+    r = subprocess.run([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port), "--metrics-port",
                         str(port)], env={**os.environ, "REDIS_URL": redis_url, "FLEET_CONFIG": str(TEST_CONFIG)},
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--metrics-port" in r.stderr and "must differ from --port" in r.stderr

@@ -82,11 +82,12 @@ def test_the_gateway_judges_the_budget_only_while_no_scaler_holds_the_lease(
     tick = client.portal.call  # type: ignore[union-attr]  # on the app's own event loop
     tick(gw.govern_unless_a_scaler_does)  # what its loop runs each heartbeat
     assert not r.exists(budget)  # the scaler's judgement is the one that counts
-    assert client.get("/v1/fleet/status").json()["tiers"][TIER]["budget"] is None  # and none was published
+    status = {"authorization": "Bearer sk-admin"}  # fleet state is for keys that may read it
+    assert client.get("/v1/fleet/status", headers=status).json()["tiers"][TIER]["budget"] is None  # none published
     r.delete(scaler_leader_key(cfg.namespace))  # no scaler any more: budgets must still hold
     tick(gw.govern_unless_a_scaler_does)
     assert r.hget(budget, "window") == b"daily" and float(r.hget(budget, "budget")) == 100.0
-    doc = client.get("/v1/fleet/status").json()["tiers"][TIER]
+    doc = client.get("/v1/fleet/status", headers=status).json()["tiers"][TIER]
     assert doc["budget_usd"] == 100.0 and doc["budget"]["window"] == "daily"
 
 
