@@ -237,6 +237,7 @@ class Serving:
         r.model.free(req.kv)
         tier.in_flight -= 1
         req.state = FINISHED
+        req.seq = None  # the sequence names the call: no cycle left behind (the replay runs without the collector)
         if r.state == "draining" and r.running == 0:
             self.stop_replica(tier, r)
         else:
