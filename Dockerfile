@@ -1,31 +1,34 @@
 # The fleet's control plane: gateway and scaler (no GPU libraries; the workers
 # run from Dockerfile.worker). docker-compose.yml builds it as fleet-gateway.
+# The sim engine's workers run from it too (the CPU compose file's scaler starts them).
 #
 #   docker build -t fleet-gateway .
 #   docker run -e REDIS_URL=redis://redis:6379/0 -v ./configs:/app/configs:ro -p 8000:8000 \
 #       fleet-gateway fleet gateway --host 0.0.0.0
+#
+# BASE_IMAGE is any image with python3 (>= 3.11) and its venv module. Without a
+# registry, `make images` builds on a Debian image made locally (scripts/dockerhost.py).
+# Few layers: the one COPY and the one RUN (a vfs-backed daemon copies each layer whole).
 
-FROM python:3.12-slim
+ARG BASE_IMAGE=python:3.12-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
     FLEET_CONFIG=/app/configs/fleet.yaml
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY fleet ./fleet
-COPY fleetctl ./fleetctl
-COPY gateway ./gateway
-COPY workers ./workers
-COPY scaler ./scaler
-COPY simulator ./simulator
-RUN pip install . && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()"
+# .dockerignore keeps out all but the package, its README and configs/ (the default config;
+# compose mounts the checkout's over it, so one image serves every fleet).
+COPY . ./
+RUN python3 -m venv "$VIRTUAL_ENV" \
+    && pip install . \
+    && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()" \
+    && useradd --create-home --uid 1000 fleet
 
-# The config is mounted at run time (configs/ in compose), so one image serves every fleet.
-COPY configs ./configs
-
-RUN useradd --create-home --uid 1000 fleet
 USER fleet
 EXPOSE 8000 9101
 CMD ["fleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,206 @@
+"""Find or start the Docker daemon the compose targets and container tests use; build the images.
+
+    python scripts/dockerhost.py host      # print DOCKER_HOST=... (starting a private daemon if needed)
+    python scripts/dockerhost.py images    # the base image (cached by content key), fleet-gateway
+    python scripts/dockerhost.py stop      # stop the private daemon this checkout started, by its pid
+
+The daemon is, in order: `DOCKER_HOST` if it answers; else /var/run/docker.sock if it answers;
+else a private dockerd (Debian's docker.io, installed with apt when missing) with vfs storage,
+no bridge and no iptables, its socket at `.docker/docker.sock` in the checkout. Its data root
+lies outside the checkout (FLEET_DOCKER_ROOT, default /var/lib/fleet-docker) so images stay
+cached between runs on one machine; only one private daemon runs per machine, and a second
+checkout uses the one already answering (its socket is recorded in the data root).
+
+No registry is needed: the base image is made from Debian's packages with debootstrap and
+`docker import`, tagged with a hash of what goes into it, so a second run reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE = Path(os.environ.get("FLEET_DOCKER_ROOT", "/var/lib/fleet-docker"))
+SOCK = ROOT / ".docker" / "docker.sock"
+PIDFILE = ROOT / ".docker" / "dockerd.pid"
+LOG = ROOT / ".docker" / "dockerd.log"
+# Debian release and packages of the base image: python for the fleet, redis-server for compose's
+# redis on a machine that cannot pull redis:7.4-alpine. Part of the content key.
+SUITE = "bookworm"
+MIRROR = os.environ.get("FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ["python3", "python3-venv", "ca-certificates", "redis-server", "redis-tools"]
+BASE_REPO = "fleet-base"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+START_TIMEOUT_S = 60.0
+
+
+def log(msg: str) -> None:
+    print(f"dockerhost: {msg}", file=sys.stderr, flush=True)
+
+
+def answers(host: str) -> bool:
+    """A daemon answers `docker version` at this DOCKER_HOST within a few seconds."""
+    try:
+        r = subprocess.run(["docker", "-H", host, "version", "--format", "{{.Server.Version}}"],
+                           capture_output=True, timeout=10)
+    except (subprocess.TimeoutExpired, FileNotFoundError):
+        return False
+    return r.returncode == 0 and bool(r.stdout.strip())
+
+
+def ensure_installed() -> None:
+    """Debian's Engine, Compose v1 and debootstrap, with apt, when any is missing (CI runs as root)."""
+    need = [pkg for exe, pkg in (("/usr/sbin/dockerd", "docker.io"), ("/usr/bin/docker-compose", "docker-compose"),
+                                 ("/usr/sbin/debootstrap", "debootstrap")) if not Path(exe).exists()]
+    if not need:
+        return
+    log(f"installing {' '.join(need)} with apt")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-q", *need], check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return b"dockerd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def start_private() -> str:
+    """Start (or reuse) the machine's private dockerd; returns its DOCKER_HOST."""
+    recorded = STATE / "socket"
+    if recorded.exists():
+        host = recorded.read_text().strip()
+        if answers(host):
+            return host
+    ensure_installed()
+    SOCK.parent.mkdir(exist_ok=True)
+    (STATE / "data").mkdir(parents=True, exist_ok=True)
+    host = f"unix://{SOCK}"
+    if answers(host):
+        return host
+    SOCK.unlink(missing_ok=True)
+    # exec-root holds containerd's sockets: a short path (unix sockets are limited to 108 bytes).
+    cmd = ["/usr/sbin/dockerd", "--data-root", str(STATE / "data"), "--exec-root", "/run/fleet-docker",
+           "-H", host, "--pidfile", str(PIDFILE), "--iptables=false", "--ip6tables=false",
+           "--bridge=none", "--storage-driver=vfs"]
+    with open(LOG, "ab") as out:
+        p = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise SystemExit(f"dockerd exited with {p.returncode}; see {LOG}")
+        if answers(host):
+            recorded.write_text(host + "\n")
+            log(f"started a private dockerd (pid {p.pid}), socket {SOCK}")
+            return host
+        time.sleep(0.5)
+    raise SystemExit(f"dockerd did not answer within {START_TIMEOUT_S:.0f} s; see {LOG}")
+
+
+def resolve() -> str:
+    """The DOCKER_HOST to use, in the order the README gives."""
+    env_host = os.environ.get("DOCKER_HOST")
+    if env_host and answers(env_host):
+        return env_host
+    if Path("/var/run/docker.sock").exists() and answers("unix:///var/run/docker.sock"):
+        return "unix:///var/run/docker.sock"
+    return start_private()
+
+
+def stop_private() -> None:
+    """Stop the private daemon this checkout started: by the pid in its pidfile, never by name."""
+    if not PIDFILE.exists():
+        log("no private dockerd of this checkout")
+        return
+    pid = int(PIDFILE.read_text().strip() or 0)
+    if pid and _pid_alive(pid):
+        os.kill(pid, 15)
+        deadline = time.monotonic() + 30
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log(f"stopped dockerd (pid {pid})")
+    (STATE / "socket").unlink(missing_ok=True)
+
+
+def docker(host: str, *args: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "DOCKER_HOST": host, "DOCKER_BUILDKIT": "0"}
+    return subprocess.run(["docker", *args], check=check, env=env, **kw)  # type: ignore[call-overload]
+
+
+def base_key() -> str:
+    """The content key of the base image: release, mirror-independent package list, this script's
+    recipe version, and the CA bundle baked in (builds here reach PyPI through it)."""
+    h = hashlib.sha256()
+    h.update(f"{SUITE}\n{' '.join(sorted(PACKAGES))}\nrecipe-1\n".encode())
+    if HOST_CA.exists():
+        h.update(HOST_CA.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def base_image(host: str) -> str:
+    """`fleet-base:<key>` (also tagged fleet-base:latest), made with debootstrap when missing."""
+    tag = f"{BASE_REPO}:{base_key()}"
+    if docker(host, "image", "inspect", tag, check=False, capture_output=True).returncode == 0:
+        docker(host, "tag", tag, f"{BASE_REPO}:latest")
+        log(f"base image {tag} cached")
+        return tag
+    t0 = time.monotonic()
+    ensure_installed()
+    with tempfile.TemporaryDirectory(dir=STATE) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        log(f"debootstrap {SUITE} with {', '.join(PACKAGES)} (about a minute)")
+        subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+                        str(rootfs), MIRROR], check=True, stdout=subprocess.DEVNULL)
+        # Builds here reach PyPI through a proxy only the host's bundle trusts: the image (local,
+        # never pushed) carries that bundle; a GPU box builds on the CUDA image and needs none.
+        if HOST_CA.exists():
+            shutil.copyfile(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
+        (rootfs / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
+        for d in ("var/lib/apt/lists", "var/cache/apt/archives"):
+            shutil.rmtree(rootfs / d, ignore_errors=True)
+            (rootfs / d).mkdir(parents=True, exist_ok=True)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        docker(host, "import", "--change", "ENV LANG=C.UTF-8", "-", tag, stdin=tar.stdout, stdout=subprocess.DEVNULL)
+        tar.wait()
+    docker(host, "tag", tag, f"{BASE_REPO}:latest")
+    log(f"base image {tag} made in {time.monotonic() - t0:.0f} s")
+    return tag
+
+
+def build(host: str, dockerfile: str, tag: str, base: str, *extra: str) -> None:
+    t0 = time.monotonic()
+    docker(host, "build", "--network", "host", "-f", str(ROOT / dockerfile), "--build-arg", f"BASE_IMAGE={base}",
+           *extra, "-t", tag, str(ROOT), stdout=subprocess.DEVNULL if os.environ.get("QUIET") else None)
+    log(f"{tag} built in {time.monotonic() - t0:.0f} s")
+
+
+def images(host: str) -> None:
+    base = base_image(host)
+    build(host, "Dockerfile", "fleet-gateway:latest", base)
+
+
+def main(argv: list[str]) -> int:
+    what = argv[1] if len(argv) > 1 else "host"
+    if what == "host":
+        print(f"DOCKER_HOST={resolve()}")
+    elif what == "images":
+        images(resolve())
+    elif what == "stop":
+        stop_private()
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
