@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: up test setup vllm lint bench loadtest chromium clean
+.PHONY: up test setup vllm lint bench loadtest chromium clean images compose-up compose-down test-containers
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,3 +52,20 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# Containers on a machine without a GPU (README "On a machine without a GPU"). The Docker daemon is
+# DOCKER_HOST if it answers, else /var/run/docker.sock, else a private one (installed with apt when
+# missing) with its socket at .docker/docker.sock. Images: fleet-base from Debian's packages (cached
+# by content key), fleet-gateway on it.
+images: $(STAMP)
+	$(BIN)/python scripts/dockerhost.py images
+
+compose-up: $(STAMP)
+	$(BIN)/python scripts/compose.py up
+
+compose-down: $(STAMP)
+	$(BIN)/python scripts/compose.py down
+
+# The container tests alone (`make test` runs them too).
+test-containers: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_containers*.py

@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 import orjson
 
+from fleet import __version__
 from scaler.placement import cuda_visible_devices
 
-LABEL = "fleet.replica"  # Docker label prefix: fleet.replica.namespace, .tier, .id, .gpus
+LABEL = "fleet.replica"  # Docker label prefix: fleet.replica.namespace, .tier, .id, .version, .image, .gpus
 
 
 @dataclass
@@ -168,6 +169,7 @@ def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, s
         "detach": True,
         "environment": env,
         "labels": {f"{LABEL}.namespace": namespace, f"{LABEL}.tier": rec.tier, f"{LABEL}.id": rec.id,
+                   f"{LABEL}.version": __version__, f"{LABEL}.image": image,
                    f"{LABEL}.gpus": cuda_visible_devices(rec.gpus), f"{LABEL}.gpu_gb": str(rec.gpu_gb)},
         # Drain takes as long as the longest stream; the supervisor kills after its own grace.
         "stop_signal": "SIGTERM",
