@@ -36,7 +36,7 @@ def stack_env(host: str, overrides: Mapping[str, str] | None = None) -> dict[str
     mount, the ports, and PWD (the worker containers bind this checkout's configs/)."""
     env = {**os.environ, "DOCKER_HOST": host, "PWD": str(ROOT), "COMPOSE_DOCKER_CLI_BUILD": "0",
            "DOCKER_BUILDKIT": "0"}
-    for k, v in DEFAULTS.items():
+    for k, v in {**DEFAULTS, "FLEET_CONFIG_DIR": str(ROOT / "configs")}.items():
         env.setdefault(k, v)
     env.update(overrides or {})
     if host.startswith("unix://"):
