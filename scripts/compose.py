@@ -1,6 +1,6 @@
 """`make compose-up` / `make compose-down` on a machine without a GPU.
 
-    python scripts/compose.py up      # daemon, images, docker-compose.yml + docker-compose.cpu.yml, /readyz, a first call
+    python scripts/compose.py up      # daemon, images, compose.yml + compose.cpu.yml, /readyz, a first call
     python scripts/compose.py down    # the stack, the scaler's worker containers, then the private daemon
 
 The daemon comes from scripts/dockerhost.py (DOCKER_HOST, /var/run/docker.sock, else a private one).
@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dockerhost  # noqa: E402
+import dockerhost
 
 ROOT = dockerhost.ROOT
 FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
@@ -145,8 +145,9 @@ def main(argv: list[str]) -> int:
         port = env["FLEET_GATEWAY_PORT"]
         print(f"the gateway answers /readyz at http://127.0.0.1:{port} ({took:.1f} s after up)")
         reply = first_call(env)
-        print(f"first call: curl http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' "
-              "-d '{\"model\": \"fleet-small\", \"messages\": [{\"role\": \"user\", \"content\": \"hello from compose\"}]}'")
+        body = '{"model": "fleet-small", "messages": [{"role": "user", "content": "hello from compose"}]}'
+        print(f"first call: curl http://127.0.0.1:{port}/v1/chat/completions "
+              f"-H 'Content-Type: application/json' -d '{body}'")
         print(json.dumps(reply, indent=2))
         print(f"worker containers: DOCKER_HOST={host} docker ps --filter label={LABEL}={env['FLEET_NAMESPACE']}")
     elif what == "down":
