@@ -20,19 +20,19 @@ ENV PYTHONUNBUFFERED=1 \
     FLEET_CONFIG=/app/configs/fleet.yaml
 
 WORKDIR /app
-# The dependencies first, from pyproject.toml alone: a change to the code rebuilds only the last layer.
-# Four layers in all (a vfs-backed daemon copies each layer whole), so one COPY of the code:
-# .dockerignore keeps out all but the package, its README and configs/ (the default config;
-# compose mounts the checkout's over it, so one image serves every fleet).
+# The dependencies first, from pyproject.toml alone, then everything but the code (user, port, command):
+# a change to the code rebuilds only the last two steps. A vfs-backed daemon copies the whole tree for
+# each step and layer, so one COPY of the code: .dockerignore keeps out all but the package, its
+# README and configs/ (the default config; compose mounts the checkout's over it).
 COPY pyproject.toml ./
 RUN python3 -m venv "$VIRTUAL_ENV" \
     && python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/deps.txt \
     && pip install -r /tmp/deps.txt \
-    && useradd --create-home --uid 1000 fleet
-COPY . ./
-RUN pip install --no-deps . \
-    && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()"
-
+    && useradd --create-home --uid 1000 fleet \
+    && chown -R fleet "$VIRTUAL_ENV" /app
 USER fleet
 EXPOSE 8000 9101
 CMD ["fleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]
+COPY --chown=fleet . ./
+RUN pip install --no-deps . \
+    && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()"

@@ -169,10 +169,13 @@ def status(url: str, as_json: bool, api_key: str) -> None:
 @click.option("--metrics-port", default=9101, show_default=True, type=click.IntRange(0, 65535),
               help="Serve the scaler's Prometheus metrics here (0: off).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--worker-metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Worker containers serve their metrics here (--backend docker; on --network host, a free "
+                   "port each), named in their label fleet.replica.metrics_port for Prometheus.")
 @click.option("--verbose", is_flag=True)
 def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, image: str, network: str | None,
            volumes: tuple[str, ...], engine_name: str | None, drain_grace_s: float, stop_replicas_on_exit: bool,
-           metrics_port: int, metrics_host: str, verbose: bool) -> None:
+           metrics_port: int, metrics_host: str, worker_metrics_port: int | None, verbose: bool) -> None:
     """Run the scaler and its supervisor: size each tier on its line (one acts; others stand by)."""
     from scaler.loop import run_scaler
 
@@ -181,7 +184,8 @@ def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str,
     asyncio.run(run_scaler(cfg, _redis_url(), backend=backend, engine=engine_name, image=image, network=network,
                            tick_s=tick_s, lease_s=lease_s, drain_grace_s=drain_grace_s,
                            stop_replicas_on_exit=stop_replicas_on_exit, metrics_port=metrics_port or None,
-                           metrics_host=metrics_host, config_path=config_path, volumes=list(volumes)))
+                           metrics_host=metrics_host, config_path=config_path, volumes=list(volumes),
+                           worker_metrics_port=worker_metrics_port))
 
 
 @main.command()

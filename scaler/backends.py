@@ -152,19 +152,22 @@ def _pid_runs(pid: int, replica_id: str) -> bool:
 
 def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, str], *,
                    network: str | None = None, engine: str | None = None,
-                   volumes: list[str] | None = None) -> dict[str, Any]:
+                   volumes: list[str] | None = None, metrics_port: int | None = None) -> dict[str, Any]:
     """The arguments of `docker.containers.run` for one replica (pure, so it is testable without a daemon).
 
     The GPUs go in as a device request: the container sees only those, so
     CUDA_VISIBLE_DEVICES inside is left to the NVIDIA runtime. The labels let
     a restarted scaler find its containers again. `volumes` are Docker's
     "HOST:CONTAINER[:ro]" binds: the weights and the operator's config must
-    reach the replica, not only the scaler.
+    reach the replica, not only the scaler. With `metrics_port` the replica serves its Prometheus
+    metrics there, named in the label `fleet.replica.metrics_port` for Docker service discovery
+    (configs/prometheus.yml).
     """
     spec: dict[str, Any] = {
         "image": image,
         "command": ["fleet", "worker", "--tier", rec.tier, "--replica-id", rec.id,
-                    *(["--engine", engine] if engine else [])],
+                    *(["--engine", engine] if engine else []),
+                    *(["--metrics-port", str(metrics_port), "--metrics-host", "0.0.0.0"] if metrics_port else [])],
         "name": f"{namespace}-{rec.id}",
         "detach": True,
         "environment": env,
@@ -174,6 +177,8 @@ def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, s
         # Drain takes as long as the longest stream; the supervisor kills after its own grace.
         "stop_signal": "SIGTERM",
     }
+    if metrics_port:
+        spec["labels"][f"{LABEL}.metrics_port"] = str(metrics_port)
     if rec.gpus:
         from docker.types import DeviceRequest
 
@@ -191,7 +196,8 @@ class DockerBackend:
     name = "docker"
 
     def __init__(self, namespace: str, image: str, env: dict[str, str], *, network: str | None = None,
-                 engine: str | None = None, volumes: list[str] | None = None, client: Any = None) -> None:
+                 engine: str | None = None, volumes: list[str] | None = None, client: Any = None,
+                 metrics_port: int | None = None) -> None:
         if client is None:
             import docker
 
@@ -203,6 +209,7 @@ class DockerBackend:
         self.network = network
         self.engine = engine
         self.volumes = volumes or []
+        self.metrics_port = metrics_port
         self.host = socket.gethostname()
 
     def _get(self, rec: Supervised) -> Any:
@@ -214,10 +221,19 @@ class DockerBackend:
             return None
         return c
 
+    def _metrics_port(self) -> int | None:
+        """On its own network every replica serves metrics on the same port; on the host's network
+        each needs one of its own (the scaler shares that network, so a port free here is free there)."""
+        if not self.metrics_port or self.network != "host":
+            return self.metrics_port
+        from fleet.redis_server import free_port
+
+        return free_port()
+
     def launch(self, rec: Supervised) -> None:
         c = self.client.containers.run(**container_spec(self.namespace, self.image, rec, self.env,
                                                         network=self.network, engine=self.engine,
-                                                        volumes=self.volumes))
+                                                        volumes=self.volumes, metrics_port=self._metrics_port()))
         rec.container, rec.host = c.id, self.host
 
     def alive(self, rec: Supervised) -> bool:

@@ -327,7 +327,7 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
                      lease_s: float = 3.0, drain_grace_s: float = 300.0, stop_replicas_on_exit: bool = False,
                      metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                      config_path: str | None = None, scaler_id: str | None = None,
-                     volumes: list[str] | None = None) -> None:
+                     volumes: list[str] | None = None, worker_metrics_port: int | None = None) -> None:
     """`fleet scaler`: metrics, GPU inventory, the backend (local processes or Docker), the
     supervisor and the loop, until SIGTERM or SIGINT."""
     from scaler.backends import Backend, DockerBackend, LocalBackend
@@ -347,7 +347,7 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
     be: Backend
     if backend == "docker":
         be = DockerBackend(cfg.namespace, image, {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
-                           network=network, engine=engine, volumes=volumes)
+                           network=network, engine=engine, volumes=volumes, metrics_port=worker_metrics_port)
     else:
         be = LocalBackend(env, engine=engine)
     redis = connect(redis_url, "calls", name="scaler")

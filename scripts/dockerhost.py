@@ -56,15 +56,18 @@ def answers(host: str) -> bool:
 
 
 def ensure_installed() -> None:
-    """Debian's Engine, Compose v1 and debootstrap, with apt, when any is missing (CI runs as root)."""
+    """Debian's Engine, Compose v1, debootstrap and Prometheus, with apt, when any is missing (CI runs as root)."""
     need = [pkg for exe, pkg in (("/usr/sbin/dockerd", "docker.io"), ("/usr/bin/docker-compose", "docker-compose"),
-                                 ("/usr/sbin/debootstrap", "debootstrap")) if not Path(exe).exists()]
+                                 ("/usr/sbin/debootstrap", "debootstrap"),
+                                 # Prometheus for the container tests' service discovery (run on the host)
+                                 ("/usr/bin/prometheus", "prometheus")) if not Path(exe).exists()]
     if not need:
         return
     log(f"installing {' '.join(need)} with apt")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-q", *need], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *need], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -60,11 +60,12 @@ class Stack:
     def keys(self, tier: str) -> TierKeys:
         return TierKeys(self.namespace, tier)
 
-    def workers(self, tier: str | None = None, *, all_states: bool = False) -> dict[str, Any]:
-        """Worker containers of this namespace (running ones unless all_states), by replica id."""
+    def workers(self, tier: str | None = None, *, all_states: bool = False) -> dict[str, dict[str, Any]]:
+        """Worker containers of this namespace (running ones unless all_states), by replica id: the
+        daemon's list entries (Id, Labels, State), read in one call (a container can go at any time)."""
         labels = [f"{LABEL}.namespace={self.namespace}"] + ([f"{LABEL}.tier={tier}"] if tier else [])
-        return {c.labels[f"{LABEL}.id"]: c
-                for c in self.client.containers.list(all=all_states, filters={"label": labels})}
+        return {c["Labels"][f"{LABEL}.id"]: c
+                for c in self.client.api.containers(all=all_states, filters={"label": labels})}
 
     def heartbeats(self, tier: str) -> dict[str, dict[str, Any]]:
         now = time.time()

@@ -9,18 +9,23 @@ test takes it down and checks that nothing is left.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
+from fleet.redis_server import free_port
 from fleet.store.line import Line
 from tests.docker_stack import LABEL, ROOT, Stack, start_stack
 from tests.harness import wait_until
@@ -73,7 +78,7 @@ def test_each_tier_is_served_by_worker_containers_through_the_openai_client(stac
         assert r.choices[0].message.content and r.usage.completion_tokens == 6, r
         # The replica that served it is a container the scaler started, labelled for this fleet.
         (rid,) = s.ready(tier)
-        labels = s.workers(tier)[rid].labels
+        labels = s.workers(tier)[rid]["Labels"]
         assert labels[f"{LABEL}.tier"] == tier and labels[f"{LABEL}.namespace"] == s.namespace
         assert labels[f"{LABEL}.version"] and labels[f"{LABEL}.image"] == "fleet-gateway:latest"
     chunks = list(c.chat.completions.create(model="fleet-small", messages=[{"role": "user", "content": "stream"}],
@@ -82,6 +87,57 @@ def test_each_tier_is_served_by_worker_containers_through_the_openai_client(stac
     assert text and chunks[-1].usage.completion_tokens == 5
     with pytest.raises(openai.NotFoundError):  # a typed error, from the gateway in its container
         c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+
+
+def test_prometheus_discovers_the_worker_containers_and_the_dashboard_queries_answer(stack: Stack,
+                                                                                    tmp_path: Path) -> None:
+    """A real Prometheus (Debian's) on configs/prometheus.cpu.yml, with this stack's ports, socket and
+    namespace: Docker service discovery finds each worker container the scaler started, and every
+    query of the Grafana dashboard is accepted (Grafana itself cannot be installed here: its
+    rendering is not checked)."""
+    s = stack
+    wait_until(lambda: at_floors(s), 120, interval=0.5, what="the floors")
+    text = (ROOT / "configs/prometheus.cpu.yml").read_text()
+    text = (text.replace("127.0.0.1:9100", f"127.0.0.1:{s.env['FLEET_GATEWAY_METRICS_PORT']}")
+            .replace("127.0.0.1:9101", f"127.0.0.1:{s.env['FLEET_SCALER_METRICS_PORT']}")
+            .replace("unix:///var/run/docker.sock", s.host)
+            .replace("fleet.replica.namespace=fleet", f"fleet.replica.namespace={s.namespace}"))
+    (tmp_path / "prometheus.yml").write_text(text)
+    port = free_port()
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/api/v1"
+    try:
+        def workers_up() -> list[dict[str, Any]]:
+            try:
+                active = httpx.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]
+            except (httpx.HTTPError, ValueError):
+                return []
+            return [t for t in active if t["labels"]["job"] == "fleet-workers" and t["health"] == "up"]
+
+        wait_until(lambda: len(workers_up()) == len(TIERS), 90, interval=1, what="three worker targets up")
+        found = {t["labels"]["tier"]: t["labels"]["replica"] for t in workers_up()}
+        assert found == {t: next(iter(s.workers(t))) for t in TIERS}
+        wait_until(lambda: _query(api, 'fleet_replicas{tier="routing",state="ready"}'), 60, interval=1,
+                   what="the gateway's replica gauge scraped")
+        dash = json.loads((ROOT / "configs/grafana/dashboards/fleet.json").read_text())
+        exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+        assert exprs
+        for e in exprs:
+            q = e.replace("$tier", "routing").replace("$__rate_interval", "1m").replace("$__interval", "15s")
+            r = httpx.get(f"{api}/query", params={"query": q}, timeout=10).json()
+            assert r["status"] == "success", (e, r)
+    finally:
+        prom.terminate()
+        prom.wait(30)
+
+
+def _query(api: str, q: str) -> list[Any]:
+    try:
+        return list(httpx.get(f"{api}/query", params={"query": q}, timeout=5).json()["data"]["result"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
 
 
 def test_a_burst_grows_the_worker_containers_and_quiet_brings_them_back_to_the_floor(stack: Stack) -> None:
@@ -125,7 +181,7 @@ def test_a_killed_worker_container_is_replaced_and_its_request_completes_once(st
     th = threading.Thread(target=call)
     th.start()
     wait_until(lambda: s.r.hlen(s.keys("routing").inflight) == 1, 30, interval=0.05, what="the call in flight")
-    s.workers("routing")[victim].kill()  # docker kill: SIGKILL, no drain
+    s.client.api.kill(s.workers("routing")[victim]["Id"])  # docker kill: SIGKILL, no drain
     th.join(150)
     assert not th.is_alive() and "e" not in out, out
     assert out["r"].usage.completion_tokens == 60
@@ -158,7 +214,7 @@ def test_queued_work_survives_a_redis_restart_and_the_parts_reconnect(stack: Sta
     # Hold the line still: no scaler, and the planner's worker drained away, so what is queued stays queued.
     s.compose("stop", "-t", "30", "scaler")
     for c in s.workers("planner").values():
-        c.stop(timeout=30)
+        s.client.api.stop(c["Id"], timeout=30)
     enqueue(s, "planner", 5, max_tokens=4)
     k = s.keys("planner")
     assert s.r.zcard(k.line) == 5
