@@ -150,7 +150,7 @@ def test_a_burst_grows_the_worker_containers_and_quiet_brings_them_back_to_the_f
     peak = 1
     while s.counters("routing").get("completed", 0) - done0 < 40:
         assert time.time() - t0 < 180, "the burst was not served within 180 s"
-        peak = max(peak, len(s.workers("routing")))
+        peak = max(peak, len(s.workers("routing", all_states=True)))  # created ones too: a vfs start is slow
         time.sleep(0.5)
     assert peak >= 2, "no worker container was added under the burst"
     c = s.counters("routing")
@@ -161,7 +161,9 @@ def test_a_burst_grows_the_worker_containers_and_quiet_brings_them_back_to_the_f
     assert set(s.workers("routing")) == before
     outs = [e for e in s.decisions("routing", t0) if e.get("action") == "scale_out"]
     ins = [e for e in s.decisions("routing", t0) if e.get("action") == "scale_in"]
-    assert outs and sum(int(e["delta"]) for e in outs) == -sum(int(e["delta"]) for e in ins) == peak - 1
+    started = sum(int(e["delta"]) for e in outs)
+    assert outs and started == -sum(int(e["delta"]) for e in ins), (outs, ins)  # every one added went again
+    assert 2 <= peak <= 1 + started <= 4  # within the ceiling (max_replicas 4)
 
 
 def test_a_killed_worker_container_is_replaced_and_its_request_completes_once(stack: Stack) -> None:
