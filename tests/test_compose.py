@@ -185,3 +185,21 @@ def test_worker_image_runs_the_command_the_scaler_and_compose_give_it(compose: d
     assert entrypoint + worker["command"][:2] == ["fleet", "worker"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+
+
+def test_the_cpu_override_changes_only_what_a_cpu_box_lacks(compose: dict[str, Any]) -> None:
+    """docker-compose.cpu.yml (run for real by tests/test_containers.py): the sim engine, no NVIDIA
+    runtime, host networking, local images and ports; the GPU box's file stays as it is."""
+    cpu = load_yaml("docker-compose.cpu.yml")
+    allowed = {"image", "command", "network_mode", "environment", "healthcheck", "volumes", "runtime", "profiles"}
+    for name, svc in cpu["services"].items():
+        assert name in compose["services"], name
+        assert set(svc) <= allowed, (name, set(svc) - allowed)
+    s = cpu["services"]
+    assert s["scaler"]["runtime"] == "runc" and "--engine" in s["scaler"]["command"]
+    assert s["scaler"]["command"][s["scaler"]["command"].index("--engine") + 1] == "sim"
+    assert all(s[p]["network_mode"] == "host" for p in ("redis", "gateway", "scaler"))
+    assert "--appendonly" in s["redis"]["command"]
+    # Services join compose's default network (named fleet-net) instead of listing one, so host mode can replace it.
+    assert not any("networks" in v for v in compose["services"].values())
+    assert compose["networks"]["default"]["name"] == "fleet-net"
