@@ -176,6 +176,9 @@ def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, s
                    f"{LABEL}.gpus": cuda_visible_devices(rec.gpus), f"{LABEL}.gpu_gb": str(rec.gpu_gb)},
         # Drain takes as long as the longest stream; the supervisor kills after its own grace.
         "stop_signal": "SIGTERM",
+        # vLLM's engine talks to its core through shared memory (more than Docker's 64 MiB /dev/shm),
+        # and tensor parallelism needs it across processes: the host's IPC, as compose's static worker.
+        "ipc_mode": "host",
     }
     if metrics_port:
         spec["labels"][f"{LABEL}.metrics_port"] = str(metrics_port)

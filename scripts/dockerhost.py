@@ -35,7 +35,7 @@ LOG = ROOT / ".docker" / "dockerd.log"
 # redis on a machine that cannot pull redis:7.4-alpine. Part of the content key.
 SUITE = "bookworm"
 MIRROR = os.environ.get("FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ["python3", "python3-venv", "ca-certificates", "redis-server", "redis-tools"]
+PACKAGES = ["python3", "python3-venv", "ca-certificates", "redis-server", "redis-tools", "libnuma1"]
 BASE_REPO = "fleet-base"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 START_TIMEOUT_S = 60.0
