@@ -182,7 +182,7 @@ def test_a_killed_worker_container_is_replaced_and_its_request_completes_once(st
 
     th = threading.Thread(target=call)
     th.start()
-    wait_until(lambda: s.r.hlen(s.keys("routing").inflight) == 1, 30, interval=0.05, what="the call in flight")
+    wait_until(lambda: s.r.zcard(s.keys("routing").inflight) == 1, 30, interval=0.05, what="the call in flight")
     s.client.api.kill(s.workers("routing")[victim]["Id"])  # docker kill: SIGKILL, no drain
     th.join(150)
     assert not th.is_alive() and "e" not in out, out

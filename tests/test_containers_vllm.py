@@ -5,6 +5,7 @@ streamed, with exact token counts, and the worker's measured cold start in its h
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
 import time
@@ -52,10 +53,14 @@ def vfleet(redis_url: str, docker_host: str) -> Iterator[Fleet]:
     finally:
         f.stop()  # SIGTERM: the scaler drains its worker container (--stop-replicas-on-exit)
         import docker
+        from docker.errors import APIError
 
         client = docker.DockerClient(base_url=docker_host)
         for c in client.api.containers(all=True, filters={"label": f"{LABEL}.namespace={f.namespace}"}):
-            client.api.remove_container(c["Id"], force=True)
+            with contextlib.suppress(APIError):  # 409: the scaler is removing it already
+                client.api.remove_container(c["Id"], force=True)
+        wait_until(lambda: not client.api.containers(all=True, filters={"label": f"{LABEL}.namespace={f.namespace}"}),
+                   60, interval=0.5, what="no worker container left")
         shutil.rmtree(model, ignore_errors=True)
 
 
