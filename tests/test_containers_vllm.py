@@ -39,6 +39,8 @@ def docker_host() -> str:
 def vfleet(redis_url: str, docker_host: str) -> Iterator[Fleet]:
     # Under the checkout: the worker container runs as uid 1000 and reads the model and the config.
     model = build_tiny_model(ROOT / ".docker" / f"tiny-{uuid.uuid4().hex[:8]}")
+    for p in model.iterdir():  # safetensors writes its file 0600: the container's user must read it
+        p.chmod(0o644)
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.submodule_search_locations
     site = Path(next(iter(spec.submodule_search_locations))).parent
