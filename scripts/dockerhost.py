@@ -175,6 +175,12 @@ def base_image(host: str) -> str:
         docker(host, "import", "--change", "ENV LANG=C.UTF-8", "-", tag, stdin=tar.stdout, stdout=subprocess.DEVNULL)
         tar.wait()
     docker(host, "tag", tag, f"{BASE_REPO}:latest")
+    # Base images of older recipes: a vfs daemon keeps each whole, so they go (images built on them
+    # stay usable until rebuilt).
+    old = docker(host, "images", BASE_REPO, "--format", "{{.Repository}}:{{.Tag}}", capture_output=True, text=True)
+    for name in old.stdout.split():
+        if name not in (tag, f"{BASE_REPO}:latest"):
+            docker(host, "rmi", name, check=False, capture_output=True)
     log(f"base image {tag} made in {time.monotonic() - t0:.0f} s")
     return tag
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -43,6 +44,7 @@ def stack() -> Iterator[Stack]:
         yield s
     finally:
         s.down()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def at_floors(s: Stack) -> bool:
