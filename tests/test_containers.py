@@ -202,13 +202,19 @@ def test_a_restarted_scaler_adopts_the_running_worker_containers(stack: Stack) -
     wait_until(lambda: at_floors(s), 120, interval=0.5, what="the floors")
     running = {t: set(s.workers(t)) for t in TIERS}
     t0 = time.time()
-    s.compose("restart", "-t", "30", "scaler")
+    s.compose("stop", "-t", "30", "scaler")
+    # One tier's records lost as well (as if Redis had lost them): its container's labels alone must
+    # let the new scaler find it (the backend's discovery), the others' records name theirs (adoption).
+    s.r.delete(s.keys("analysis").supervised)
+    s.compose("start", "scaler")
     # The new scaler holds the lease and decides (its ticks are published) ...
     wait_until(lambda: all(float(s.r.hget(s.keys(t).scaler, "ts") or 0) > t0 + 3 for t in TIERS), 90,
                interval=0.5, what="the restarted scaler deciding for every tier")
     # ... and started nothing: the same containers, no scale-out since the restart.
     assert {t: set(s.workers(t, all_states=True)) for t in TIERS} == running
     assert not [e for t in TIERS for e in s.decisions(t, t0) if e.get("action") == "scale_out"]
+    (found,) = running["analysis"]
+    assert s.r.hexists(s.keys("analysis").supervised, found)  # discovered by its labels and recorded again
     assert client(s).completions.create(model="fleet-mid", prompt="after restart", max_tokens=3).usage
 
 
