@@ -132,6 +132,7 @@ def down(env: Mapping[str, str], project: str = "fleet", volumes: bool = False) 
         subprocess.run(["docker", "stop", "-t", "30", *ids], env=dict(env), capture_output=True, timeout=120)
         subprocess.run(["docker", "rm", "-f", *ids], env=dict(env), capture_output=True, timeout=120)
     compose(env, project, "down", "-t", "30", *(["-v"] if volumes else []))
+    (ROOT / ".docker" / f"compose-{project}.yml").unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
