@@ -19,10 +19,12 @@ short exponential backoff with jitter, so a Redis that restarts is ridden
 through. A *timeout* is not retried: the command may have run (an enqueue, a
 token charge), and running it twice would count it twice.
 
-Where Sentinel or Redis Cluster plug in: `parse_url` reads the scheme, and
-`BUILDERS` maps each scheme to a function that builds the client. Adding
-`redis+cluster://` is one builder (e.g. around `redis.asyncio.cluster.RedisCluster`)
-and one entry in `BUILDERS` and `SYNC_BUILDERS`.
+Where deployment kinds plug in: `parse_url` reads the scheme, and `BUILDERS`
+maps each scheme to a function that builds the client. `redis+cluster://HOST:PORT`
+(any node; several seeds as `HOST:PORT,HOST:PORT`) builds a Redis Cluster client
+(`fleet.store.cluster`): it finds the other nodes itself, follows MOVED/ASK, and
+after a failover re-reads the slot map, so parts ride through a promoted replica
+without a restart.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
+
+from fleet.store.cluster import AnyNodePubSub, cluster_client, cluster_client_sync
 
 Role = Literal["calls", "blocking", "pubsub"]
 
@@ -66,10 +70,11 @@ class RedisTarget:
     """Where a URL points and which kind of deployment it names."""
 
     url: str
-    scheme: str  # "redis", "rediss", "unix" (and, once added, "redis+cluster")
+    scheme: str  # "redis", "rediss", "unix", "redis+cluster"
 
 
 SUPPORTED = ("redis", "rediss", "unix")
+CLUSTER = "redis+cluster"
 
 
 def parse_url(url: str) -> RedisTarget:
@@ -102,9 +107,10 @@ def _single_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Red
 
 
 # scheme -> how to build a client for it. One entry per deployment kind.
-BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], Redis]] = dict.fromkeys(SUPPORTED, _single)
-SYNC_BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], sync_redis.Redis]] = dict.fromkeys(
-    SUPPORTED, _single_sync)
+BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], Redis]] = {
+    **dict.fromkeys(SUPPORTED, _single), CLUSTER: cluster_client}
+SYNC_BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], sync_redis.Redis]] = {
+    **dict.fromkeys(SUPPORTED, _single_sync), CLUSTER: cluster_client_sync}
 
 
 def connect(url: str, role: Role = "calls", *, max_connections: int | None = None, name: str | None = None,
@@ -148,10 +154,15 @@ class Clients:
 
     @property
     def pubsub_client(self) -> Redis:
-        """The subscriptions' client, made on first use (most parts never subscribe)."""
+        """The subscriptions' client, made on first use (most parts never subscribe).
+        On a cluster, a client of whichever node answers when a subscription starts
+        (PUBLISH reaches every node), see `fleet.store.cluster.AnyNodePubSub`."""
         if self._pubsub is None:
-            self._pubsub = connect(self._url, "pubsub", name=None)
-        return self._pubsub
+            if parse_url(self._url).scheme == CLUSTER:
+                self._pubsub = AnyNodePubSub(self.calls, _options("pubsub", None))  # type: ignore[assignment]
+            else:
+                self._pubsub = connect(self._url, "pubsub", name=None)
+        return self._pubsub  # type: ignore[return-value]
 
     async def aclose(self) -> None:
         for c in (self.calls, self.blocking, self._pubsub):

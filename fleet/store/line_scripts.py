@@ -7,7 +7,7 @@ module doc. Every script starts with the store's one clock preamble
 
 from __future__ import annotations
 
-from fleet.store.lua import CLOCK
+from fleet.store.lua import CLOCK, SHEBANG
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
 OUTCOMES = ("completed", "expired", "cancelled", "failed")
@@ -151,7 +151,7 @@ return f[1]
 # Tokens are written only while their writer still holds the lease, so a
 # replica whose lease was reaped cannot interleave its text with the next
 # attempt's. Returns the positions of the entries whose lease is gone.
-EMIT = """
+EMIT = SHEBANG + """
 local lost = {}
 for i = 3, #ARGV, 4 do
   local rid = ARGV[i]

@@ -1,0 +1,108 @@
+"""Redis Cluster clients for `redis+cluster://HOST:PORT[,HOST:PORT...]` (built by
+`fleet.store.connection`, the one factory; nothing else calls this module).
+
+Any node is a seed: the client reads the slot map from it, sends each command to
+the master of its key's slot, follows MOVED/ASK, and re-reads the map after a
+connection error, so a master that dies and a replica that is promoted in its
+place are ridden through without restarting a part. The store's keys carry
+hash tags (`fleet.store.keys`), so every Lua script runs on one node.
+
+Subscriptions: classic PUBLISH reaches every node of a cluster, so a subscriber
+may listen on any one; `AnyNodePubSub` opens each subscription on a node chosen
+afresh, so a subscriber whose node died resubscribes on a live one.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import redis as sync_redis
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode as SyncClusterNode
+from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.retry import Retry as SyncRetry
+
+if TYPE_CHECKING:
+    from fleet.store.connection import RedisTarget
+
+# How often a command is re-sent after a connection error, each time after the
+# slot map is read again. A failover (node timeout + election) takes seconds;
+# the parts' own loops (a worker's claim, a caller's retry of a 503) outlast it.
+CLUSTER_RETRIES = 3
+
+
+def seeds(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """(host, port) seeds, username and password of a `redis+cluster://` URL."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    user = password = None
+    if "@" in netloc:
+        cred, netloc = netloc.rsplit("@", 1)
+        user, _, password = cred.partition(":")
+        user, password = unquote(user) or None, unquote(password) or None
+    out: list[tuple[str, int]] = []
+    for hp in netloc.split(","):
+        host, _, port = hp.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"REDIS_URL {url!r}: a cluster seed must be HOST:PORT, got {hp!r}")
+        out.append((host, int(port)))
+    return out, user, password
+
+
+def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
+    opts = dict(options)
+    opts.pop("retries", None)
+    return opts
+
+
+def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
+    """An asyncio Redis Cluster client (typed as `Redis`: the commands the store uses
+    are the same; pub/sub goes through `AnyNodePubSub`)."""
+    nodes, user, password = seeds(target.url)
+    opts = _cluster_options(options)
+    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), CLUSTER_RETRIES)
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user, password=password,
+                          retry=retry, **opts)
+    return client  # type: ignore[return-value]
+
+
+def cluster_client_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Redis:
+    """A blocking Redis Cluster client, for the command line and probes."""
+    nodes, user, password = seeds(target.url)
+    opts = _cluster_options(options)
+    retries = int(options.get("retries", CLUSTER_RETRIES))
+    opts.pop("retry_on_error", None)
+    retry = SyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries)
+    client = SyncRedisCluster(startup_nodes=[SyncClusterNode(h, p) for h, p in nodes], username=user,
+                              password=password, retry=retry, **opts)
+    return client  # type: ignore[return-value]
+
+
+class AnyNodePubSub:
+    """Stands in for a client's `.pubsub()` on a cluster: each subscription opens on a
+    node of the current slot map, picked at random (a dead one fails the subscribe,
+    and the subscriber's own retry picks again)."""
+
+    def __init__(self, cluster: Redis, options: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.options = {k: v for k, v in options.items() if k not in ("retries", "client_name")}
+        self.clients: dict[str, Redis] = {}
+
+    def pubsub(self, **kwargs: Any) -> PubSub:
+        nodes = self.cluster.get_nodes()  # type: ignore[attr-defined]
+        node = random.choice(nodes)
+        client = self.clients.get(node.name)
+        if client is None:
+            client = self.clients[node.name] = Redis(host=node.host, port=node.port, **self.options)
+        return client.pubsub(**kwargs)
+
+    async def aclose(self) -> None:
+        for c in self.clients.values():
+            await c.aclose()
+        self.clients.clear()
