@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import redis as sync_redis
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -137,6 +138,14 @@ def connect_sync(url: str, role: Role = "calls", *, connect_timeout_s: float | N
     return SYNC_BUILDERS[target.scheme](target, options)
 
 
+def pubsub_source(client: Redis) -> Redis:
+    """What to call `.pubsub()` on for `client`: itself, or on a cluster (whose client
+    has no pub/sub) a source that subscribes on any live node."""
+    if isinstance(client, RedisCluster):
+        return AnyNodePubSub(client, _options("pubsub", None))  # type: ignore[return-value]
+    return client
+
+
 @dataclass
 class Clients:
     """A part's Redis clients, one per role it uses; closed together."""
@@ -159,10 +168,10 @@ class Clients:
         (PUBLISH reaches every node), see `fleet.store.cluster.AnyNodePubSub`."""
         if self._pubsub is None:
             if parse_url(self._url).scheme == CLUSTER:
-                self._pubsub = AnyNodePubSub(self.calls, _options("pubsub", None))  # type: ignore[assignment]
+                self._pubsub = pubsub_source(self.calls)
             else:
                 self._pubsub = connect(self._url, "pubsub", name=None)
-        return self._pubsub  # type: ignore[return-value]
+        return self._pubsub
 
     async def aclose(self) -> None:
         for c in (self.calls, self.blocking, self._pubsub):
