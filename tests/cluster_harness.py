@@ -4,6 +4,7 @@ Nothing is kept on disk; everything it starts, it stops."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -84,10 +85,8 @@ class PrivateCluster:
         out = {}
         for n in self.nodes:
             if n.alive():
-                try:
+                with contextlib.suppress(redis.RedisError):
                     out[n.port] = n.client().info("replication")["role"]
-                except redis.RedisError:
-                    pass
         return out
 
     def healthy(self) -> bool:
