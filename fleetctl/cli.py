@@ -58,20 +58,27 @@ def main() -> None:
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
               help="Also serve /metrics alone, without a key, on this port (for Prometheus on a private network).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@click.option("--workers", "processes", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Gateway processes sharing --port (SO_REUSEPORT); process i serves --metrics-port + i.")
 @click.option("--verbose", is_flag=True)
 def gateway(host: str, port: int, config_path: str | None, metrics_port: int | None, metrics_host: str,
-            verbose: bool) -> None:
+            processes: int, verbose: bool) -> None:
     """Run the gateway alone (REDIS_URL names the Redis)."""
     from gateway.app import create_app
     from gateway.server import serve
 
     _logging(verbose)
     cfg = _config(config_path)
-    if metrics_port == port:
+    if metrics_port is not None and port in range(metrics_port, metrics_port + processes):
         raise click.BadParameter("must differ from --port", param_hint="--metrics-port")
-    app = create_app(cfg, _redis_url())
+    url = _redis_url()
     try:
-        serve(app, cfg, host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host)
+        if processes > 1:
+            from gateway.processes import serve_processes
+
+            sys.exit(serve_processes(lambda: create_app(cfg, url), cfg, host=host, port=port, processes=processes,
+                                     metrics_port=metrics_port, metrics_host=metrics_host))
+        serve(create_app(cfg, url), cfg, host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host)
     except OSError as e:  # the address is taken, or not ours
         click.echo(f"fleet: cannot listen: {e}", err=True)
         sys.exit(2)

@@ -82,9 +82,9 @@ class Fleet:
         self.procs.append(p)
         return p
 
-    def start_gateway(self) -> Fleet:
+    def start_gateway(self, *extra: str) -> Fleet:
         self.port = free_port()
-        self.spawn("gateway", "--port", str(self.port))
+        self.spawn("gateway", "--port", str(self.port), *extra)
         wait_until(self._gateway_ready, 20, what="gateway /readyz")
         return self
 
