@@ -4,7 +4,10 @@ through gateway -> Redis line -> worker (sim engine with a zero-latency profile)
 Both run in this one process's event loop as the client, against servers
 started here, so the machine's noise hits both alike; the ratio is the figure.
 
-    .venv/bin/python bench/gateway_overhead.py [--requests 2000] [--tokens 16]
+    .venv/bin/python bench/gateway_overhead.py [--requests 2000] [--tokens 16] [--gateways]
+
+--gateways then also compares 1 and 2 gateway processes on one port
+(`fleet gateway --workers N`) in front of the same worker and Redis.
 """
 
 from __future__ import annotations
@@ -110,10 +113,36 @@ async def measure(direct: str, gateway: str, requests: int, tokens: int) -> None
               f"(ratio {g[2] / d[2]:.2f})")
 
 
+def compare_gateways(env: dict[str, str], requests: int, tokens: int, concurrency: int = 64) -> None:
+    """Throughput through `fleet gateway --workers 1`, then `--workers 2`, each on a fresh
+    port in front of the same worker; the ratio is the figure (on a box with fewer free
+    cores than processes, it is capped by the cores, not the gateway)."""
+    rows = {}
+    for n in (1, 2):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        p = subprocess.Popen([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port), "--workers", str(n)],
+                             env=env, cwd=ROOT)
+        try:
+            asyncio.run(_wait_http(url))
+            asyncio.run(load(url, concurrency, min(200, requests), tokens))  # warm-up, every process
+            lat, wall = asyncio.run(load(url, concurrency, requests, tokens))
+            rows[n] = (pct(lat, 0.5), pct(lat, 0.99), requests / wall)
+        finally:
+            p.terminate()
+            p.wait(45)
+    print(f"\n{'gateways':<10}{'conc':>6}{'req':>7}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}")
+    for n, (p50, p99, rps) in rows.items():
+        print(f"{n:<10}{concurrency:>6}{requests:>7}{p50 * 1e3:>10.2f}{p99 * 1e3:>10.2f}{rps:>10.1f}")
+    print(f"2 gateway processes vs 1: throughput ratio {rows[2][2] / rows[1][2]:.2f} "
+          f"(cores on this box: {os.cpu_count()})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--gateways", action="store_true", help="also compare 1 and 2 gateway processes")
     args = ap.parse_args()
 
     redis = PrivateRedis().start()
@@ -130,6 +159,8 @@ def main() -> None:
     try:
         asyncio.run(measure(f"http://127.0.0.1:{mock_port}/v1/chat/completions",
                             f"http://127.0.0.1:{gw_port}/v1/chat/completions", args.requests, args.tokens))
+        if args.gateways:
+            compare_gateways(env, args.requests, args.tokens)
     finally:
         for p in procs:
             p.terminate()
