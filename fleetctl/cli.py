@@ -160,8 +160,9 @@ def status(url: str, as_json: bool, api_key: str) -> None:
               help="Seconds between decisions (at most 1).")
 @click.option("--lease", "lease_s", default=3.0, show_default=True, type=click.FloatRange(0.5, 60),
               help="Leader lease; a standby takes over this long after the leader stops renewing.")
-@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker"]),
-              help="Where replicas run: local processes, or Docker containers (GPU box).")
+@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker", "ray"]),
+              help="Where replicas run: local processes, Docker containers (GPU box), or Ray actors (a cluster).")
+@click.option("--ray-address", default=None, help="The Ray cluster's address (--backend ray; default: auto).")
 @click.option("--image", default="fleet-gateway:latest", show_default=True, help="Worker image (--backend docker).")
 @click.option("--network", default=None, help="Docker network for the worker containers.")
 @click.option("--volume", "volumes", multiple=True, metavar="HOST:CONTAINER[:ro]",
@@ -177,7 +178,8 @@ def status(url: str, as_json: bool, api_key: str) -> None:
               help="Serve the scaler's Prometheus metrics here (0: off).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
 @click.option("--verbose", is_flag=True)
-def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, image: str, network: str | None,
+def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, ray_address: str | None,
+           image: str, network: str | None,
            volumes: tuple[str, ...], engine_name: str | None, drain_grace_s: float, stop_replicas_on_exit: bool,
            metrics_port: int, metrics_host: str, verbose: bool) -> None:
     """Run the scaler and its supervisor: size each tier on its line (one acts; others stand by)."""
@@ -188,7 +190,8 @@ def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str,
     asyncio.run(run_scaler(cfg, _redis_url(), backend=backend, engine=engine_name, image=image, network=network,
                            tick_s=tick_s, lease_s=lease_s, drain_grace_s=drain_grace_s,
                            stop_replicas_on_exit=stop_replicas_on_exit, metrics_port=metrics_port or None,
-                           metrics_host=metrics_host, config_path=config_path, volumes=list(volumes)))
+                           metrics_host=metrics_host, config_path=config_path, volumes=list(volumes),
+                           ray_address=ray_address))
 
 
 @main.command()

@@ -327,9 +327,9 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
                      lease_s: float = 3.0, drain_grace_s: float = 300.0, stop_replicas_on_exit: bool = False,
                      metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                      config_path: str | None = None, scaler_id: str | None = None,
-                     volumes: list[str] | None = None) -> None:
-    """`fleet scaler`: metrics, GPU inventory, the backend (local processes or Docker), the
-    supervisor and the loop, until SIGTERM or SIGINT."""
+                     volumes: list[str] | None = None, ray_address: str | None = None) -> None:
+    """`fleet scaler`: metrics, GPU inventory, the backend (local processes, Docker, or a Ray
+    cluster), the supervisor and the loop, until SIGTERM or SIGINT."""
     from scaler.backends import Backend, DockerBackend, LocalBackend
     from scaler.placement import Placement, discover
 
@@ -345,7 +345,13 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
              ", ".join(f"{g.index}:{g.memory_gb:.0f}GB" for g in gpus) or "none (replicas run without GPUs)")
     env = worker_env(redis_url, config_path)
     be: Backend
-    if backend == "docker":
+    if backend == "ray":  # Ray places replicas on its nodes' GPUs: no local inventory applies
+        from scaler.ray_backend import RayBackend
+
+        be, gpus = RayBackend(cfg.namespace, ray_address or "auto",
+                              {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
+                              {t: tc.gpus_per_replica for t, tc in cfg.tiers.items()}, engine=engine), []
+    elif backend == "docker":
         be = DockerBackend(cfg.namespace, image, {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
                            network=network, engine=engine, volumes=volumes)
     else:
