@@ -115,7 +115,8 @@ def test_a_master_killed_under_load_its_replica_takes_over_and_parts_ride_throug
         assert all(p.poll() is None for p in f.procs), "a part died instead of riding through"
 
         codes = Counter(r[1] for r in results)
-        assert codes[500] == 0 and codes[0] == 0, codes  # typed answers only, no dropped connections
+        # Typed answers only, no dropped connections.
+        assert codes[500] == 0 and codes[0] == 0, (codes, Counter(r[3] for r in results if r[1] in (0, 500)))
         ok = {r[2] for r in results if r[1] == 200}
         accepted_failed = [r for r in results if r[1] != 200 and r[2]]
         refused = [r for r in results if r[1] != 200 and not r[2]]
@@ -135,13 +136,22 @@ def test_a_master_killed_under_load_its_replica_takes_over_and_parts_ride_throug
                    30, what="the line drained")
         twice = rerun()
         vanished = [rid for rid in ok if not rr.exists(f.keys("routing").request(rid))]
-        print(f"\nfailover: {len(results)} calls, {len(ok)} completed, {len(refused)} refused before the line "
+        # Requests that joined the line but whose caller was answered 503 (the gateway lost
+        # Redis while waiting for the result): an engine ran them for nobody, and a caller
+        # that retries runs them again.
+        served_unseen = []
+        for key in rr.scan_iter(match=f.keys("routing").request("*"), count=1000):
+            if rr.hget(key, "outcome") == b"completed" and key.decode().rsplit(":", 1)[1] not in ok:
+                served_unseen.append(key)
+        print(f"\nfailover: {len(results)} calls, {len(ok)} completed, {len(refused)} refused without a request id "
               f"({Counter(r[3] for r in refused)}), {len(accepted_failed)} accepted then failed "
               f"({Counter(r[3] for r in accepted_failed)}), {len(twice)} completed but run again, "
-              f"{len(vanished)} completed with their record gone; promotion took {promoted_at - killed_at:.1f}s")
+              f"{len(vanished)} completed with their record gone, {len(served_unseen)} run for a caller told 503; "
+              f"promotion took {promoted_at - killed_at:.1f}s")
         # What asynchronous replication can lose is what was written in the last moments
         # before the kill: bounded by the calls in flight then, never the whole run.
-        assert len(accepted_failed) + len(twice) <= 2 * THREADS, (accepted_failed, twice)
+        assert len(accepted_failed) + len(twice) + len(served_unseen) <= 2 * THREADS, (
+            accepted_failed, twice, served_unseen)
     finally:
         f.stop()
         cluster.stop()

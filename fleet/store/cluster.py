@@ -26,6 +26,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry as SyncRetry
 
 if TYPE_CHECKING:
@@ -61,13 +63,44 @@ def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
+class FleetCluster(RedisCluster):
+    """redis-py's asyncio cluster client with two fixes for the store's use.
+
+    - XREAD's key is found here (after STREAMS), not by asking a node COMMAND
+      GETKEYS before every read, as redis-py does for commands whose keys move:
+      that was one extra round trip per result read, and during a failover it
+      raced the node's connections being closed.
+    - During a failover redis-py can fail a command with an AttributeError (a
+      connection closed under it) or a RedisClusterException (a slot not yet
+      covered by any master): both become a ConnectionError, which every part
+      already treats as "Redis is away for now" (a typed 503, a retry).
+    """
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        if command.upper() in ("XREAD", "XREADGROUP"):
+            words = [a.upper() if isinstance(a, str) else a for a in args]
+            if "STREAMS" in words:
+                at = words.index("STREAMS") + 1
+                keys = args[at:at + (len(args) - at) // 2]
+                slots = {self.keyslot(k) for k in keys}
+                if len(slots) == 1:
+                    return slots.pop()
+        return await super()._determine_slot(command, *args)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except (AttributeError, RedisClusterException) as e:
+            raise RedisConnectionError(f"Redis Cluster reconfiguring: {type(e).__name__}: {e}") from e
+
+
 def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
     """An asyncio Redis Cluster client (typed as `Redis`: the commands the store uses
     are the same; pub/sub goes through `AnyNodePubSub`)."""
     nodes, user, password = seeds(target.url)
     opts = _cluster_options(options)
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), CLUSTER_RETRIES)
-    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user, password=password,
+    client = FleetCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user, password=password,
                           retry=retry, **opts)
     return client  # type: ignore[return-value]
 
