@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--cluster", action="store_true", help="on a private Redis Cluster instead of one server")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # (timeout's SIGTERM) still stop what was started
     if args.cluster:
         from tests.cluster_harness import PrivateCluster
 

@@ -78,9 +78,10 @@ class FleetCluster(RedisCluster):
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         if command.upper() in ("XREAD", "XREADGROUP"):
-            words = [a.upper() if isinstance(a, str) else a for a in args]
-            if "STREAMS" in words:
-                at = words.index("STREAMS") + 1
+            words = [a.upper() if isinstance(a, (str, bytes)) else a for a in args]
+            marker = next((m for m in ("STREAMS", b"STREAMS") if m in words), None)
+            if marker is not None:
+                at = words.index(marker) + 1
                 keys = args[at:at + (len(args) - at) // 2]
                 slots = {self.keyslot(k) for k in keys}
                 if len(slots) == 1:
