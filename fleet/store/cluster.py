@@ -15,7 +15,7 @@ afresh, so a subscriber whose node died resubscribes on a live one.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import redis as sync_redis
@@ -30,8 +30,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry as SyncRetry
 
-if TYPE_CHECKING:
-    from fleet.store.connection import RedisTarget
+
+class RedisTarget(Protocol):
+    """What `fleet.store.connection` passes (its RedisTarget; not imported: it imports this module)."""
+
+    url: str
+
 
 # How often a command is re-sent after a connection error, each time after the
 # slot map is read again. A failover (node timeout + election) takes seconds;
