@@ -150,7 +150,7 @@ class Line:
         args: list[Any] = [int(lease_s * 1000), self.prefix]
         for rid, owner in held:
             args += [rid, owner]
-        lost = await self._renew(keys=[self.keys.inflight], args=args)
+        lost = await self._renew(keys=[self.keys.inflight, *(self.keys.request(rid) for rid, _ in held)], args=args)
         return [_s(r) for r in lost]
 
     async def finish(self, rid: str, outcome: str, event: dict[str, Any] | None = None, *, owner: str = "",
@@ -207,9 +207,11 @@ class Line:
         if not tokens:
             return []
         args: list[Any] = [self.prefix, self.result_ttl_s]
+        keys = [self.keys.inflight]
         for rid, owner, event, first in tokens:
             args += [rid, owner, "1" if first else "0", orjson.dumps(event)]
-        return [int(i) for i in await self._emit(keys=[self.keys.inflight], args=args)]
+            keys += [self.keys.request(rid), self.keys.result(rid)]
+        return [int(i) for i in await self._emit(keys=keys, args=args)]
 
     async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
         """The request's result events after entry `after` ("0-0": from the start), each with its

@@ -103,13 +103,13 @@ end
 return out
 """
 
-# KEYS: inflight ; ARGV: lease_ms prefix (rid owner)...
+# KEYS: inflight req... (one per pair) ; ARGV: lease_ms prefix (rid owner)...
 # Returns the rids whose lease the caller no longer holds.
 RENEW = CLOCK + """
 local lost = {}
 for i = 3, #ARGV, 2 do
   local rid = ARGV[i]
-  local f = redis.call('HMGET', ARGV[2] .. 'req:' .. rid, 'state', 'owner')
+  local f = redis.call('HMGET', KEYS[(i - 3) / 2 + 2], 'state', 'owner')
   if f[1] == 'running' and f[2] == ARGV[i + 1] then
     redis.call('ZADD', KEYS[1], 'XX', n2s(now + tonumber(ARGV[1])), rid)
   else
@@ -146,7 +146,7 @@ end
 return f[1]
 """
 
-# KEYS: inflight (only to route the call to the tier's slot; the rest share its hash tag)
+# KEYS: inflight (req res)... (one pair per entry)
 # ARGV: prefix ttl_s (rid owner first event)...
 # Tokens are written only while their writer still holds the lease, so a
 # replica whose lease was reaped cannot interleave its text with the next
@@ -154,12 +154,12 @@ return f[1]
 EMIT = SHEBANG + """
 local lost = {}
 for i = 3, #ARGV, 4 do
-  local rid = ARGV[i]
-  local req = ARGV[1] .. 'req:' .. rid
+  local at = (i - 3) / 2 + 2
+  local req = KEYS[at]
   local f = redis.call('HMGET', req, 'state', 'owner')
   if f[1] == 'running' and f[2] == ARGV[i + 1] then
     if ARGV[i + 2] == '1' then redis.call('HSET', req, 'streamed', '1') end
-    local res = ARGV[1] .. 'res:' .. rid
+    local res = KEYS[at + 1]
     redis.call('XADD', res, '*', 'e', ARGV[i + 3])
     redis.call('EXPIRE', res, tonumber(ARGV[2]))
   else
