@@ -34,11 +34,19 @@ def _served(metrics_port: int) -> int:
     return int(sum(float(v) for v in re.findall(r"^fleet_requests_total{[^}]*} ([0-9.e+]+)$", text, re.M)))
 
 
+def _bindable(port: int) -> bool:
+    try:
+        with socket.create_server(("127.0.0.1", port)):
+            return True
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def gateways(redis_url: str) -> Iterator[tuple[Fleet, int]]:
     f = Fleet(redis_url, config_path=CONFIG)
     metrics = free_port()
-    while any(free_port() == metrics + i for i in range(1, PROCESSES)):  # (best effort: ports are free now)
+    while not all(_bindable(metrics + i) for i in range(PROCESSES)):  # P..P+2, one per process
         metrics = free_port()
     try:
         f.start_gateway("--workers", str(PROCESSES), "--metrics-port", str(metrics))
