@@ -174,6 +174,11 @@ class Line:
         )
         return _s(ok) or None
 
+    async def outcome(self, rid: str) -> str | None:
+        """The outcome a request ended with, None while it runs or once its hash is gone."""
+        got = await self.redis.hget(self.keys.request(rid), "outcome")
+        return _s(got) if got is not None else None
+
     async def reap(self, max_attempts: int = 3) -> Reaped:
         """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`)."""
         k = self.keys

@@ -10,7 +10,8 @@ from __future__ import annotations
 from fleet.store.lua import CLOCK
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
-OUTCOMES = ("completed", "expired", "cancelled", "failed")
+# `unavailable`: the gateway told the caller 503 (Redis was away) and ended it once Redis answered again.
+OUTCOMES = ("completed", "expired", "cancelled", "failed", "unavailable")
 
 # After CLOCK. Reads KEYS[1] (the line) and ARGV[2] (the key prefix); sets
 # `by_class` (requests waiting per class, highest first) and `oldest_enq` (when
