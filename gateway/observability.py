@@ -32,6 +32,7 @@ from fleet.policy import arrival_rate, drain_s, service_rate
 from fleet.store.line import Line
 
 router = APIRouter()
+SCRAPE_REFRESH_S = 2.0  # the gauges' refresh from Redis may take this long per scrape
 
 
 async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
@@ -64,7 +65,9 @@ async def metrics(request: Request) -> Response:
     # A Redis blip must not cost the scrape the histograms: the gauges then
     # keep their last values and the failure shows as a missing refresh.
     lines = list(gw.lines.values())
-    await asyncio.gather(*(refresh_tier(gw.cfg, line) for line in lines), return_exceptions=True)
+    # A frozen Redis (no reset, only silence) is cut short too: the scrape answers within its bound.
+    await asyncio.gather(*(asyncio.wait_for(refresh_tier(gw.cfg, line), SCRAPE_REFRESH_S) for line in lines),
+                         return_exceptions=True)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import FleetConfig
@@ -214,7 +215,7 @@ class Worker:
                                     "wait": c.waited_ms / 1000, "replica": self.replica_id}
             if not stream:
                 done["x"] = "".join(parts)
-            if await self.line.finish(c.rid, "completed", done, owner=c.owner,
+            if await self._finish(c, "completed", done,
                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
                 useful = True
                 self.completed += 1
@@ -223,9 +224,8 @@ class Worker:
                     metrics.TPOT.labels(self.tier).observe(tpot)
         except TimeoutError:
             await self.engine.abort(req.request_id)
-            await self.line.finish(c.rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                      "msg": "deadline passed while the request was running"},
-                                   owner=c.owner)
+            await self._finish(c, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                      "msg": "deadline passed while the request was running"})
         except LeaseLost:
             # Reaped while it ran (the replica stalled): another attempt owns it now.
             log.warning("lease on %s attempt %d was lost; aborting it here", c.rid, c.attempt)
@@ -245,14 +245,13 @@ class Worker:
                 log.error("the engine died (%s): draining replica %s", e, self.replica_id)
                 self.failed = str(e)
                 self.drain()
-            await self.line.finish(c.rid, "failed", {"t": "err", "status": status, "type": e.type,
-                                                     "code": e.code or e.type, "msg": str(e)},
-                                   owner=c.owner)
+            await self._finish(c, "failed", {"t": "err", "status": status, "type": e.type,
+                                                     "code": e.code or e.type, "msg": str(e)})
         except Exception as e:  # an engine bug must not take the replica down with it
             log.exception("request %s failed in the engine", c.rid)
             await self.engine.abort(req.request_id)
-            await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": "engine_error",
-                                                     "msg": f"{type(e).__name__}: {e}"}, owner=c.owner)
+            await self._finish(c, "failed", {"t": "err", "status": 502, "type": "engine_error",
+                                                     "msg": f"{type(e).__name__}: {e}"})
         finally:
             self.streams.discard(c.lease)
             if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
@@ -263,6 +262,22 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
                                                 completion_tokens, useful=useful)
+
+    async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
+        """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not
+        thrown away, and the lease check (`owner`) keeps a late retry from ending a newer attempt.
+        Given up once the caller's result could no longer be read (its TTL)."""
+        give_up = time.monotonic() + max(c.remaining_ms / 1000, 0) + self.cfg.result_ttl_s
+        delay = 0.1
+        while True:
+            try:
+                return await self.line.finish(c.rid, outcome, event, owner=c.owner, **kw)
+            except RedisError:
+                if time.monotonic() > give_up:
+                    raise
+                log.warning("finishing %s as %s: Redis unavailable; retrying in %.1f s", c.rid, outcome, delay)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
 
     def _cancel(self, rid: str) -> None:
         task = self.active.get(rid)
