@@ -127,9 +127,16 @@ class Orphans:
             elif ended is not None:
                 log.warning("request %s ended %s in the line after Redis returned (was %s; its caller had "
                             "been answered)", rid, o.outcome, ended)
-            else:
-                log.warning("request %s had ended %s before its caller's answer (%s) could end it", rid, state,
-                            o.outcome)
+            elif state != o.outcome:
+                # It ended (a worker completed it) just as Redis went away, but its caller was told
+                # otherwise: count what the caller was told, in Redis as in the metrics.
+                log.warning("request %s had ended %s before Redis went away; its caller was told %s",
+                            rid, state, o.outcome)
+                try:
+                    async with asyncio.timeout(CLEANUP_S):
+                        await o.line.relabel(rid, state, o.outcome)
+                except (RedisError, TimeoutError):
+                    return
             self.pending.pop(rid, None)
             if o.ticket is not None:
                 with contextlib.suppress(Exception):

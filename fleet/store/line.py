@@ -179,6 +179,15 @@ class Line:
         got = await self.redis.hget(self.keys.request(rid), "outcome")
         return _s(got) if got is not None else None
 
+    async def relabel(self, rid: str, was: str, outcome: str) -> None:
+        """Count an ended request under `outcome` instead of `was`: the gateway told its caller
+        `outcome` (Redis was away) before it learnt the request had ended `was`. The line's counters
+        count what each caller was told, as the gateway's metrics do."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=True) as p:
+            p.hincrby(k.counters, was, -1).hincrby(k.counters, outcome, 1).hset(k.request(rid), "outcome", outcome)
+            await p.execute()
+
     async def reap(self, max_attempts: int = 3) -> Reaped:
         """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`)."""
         k = self.keys

@@ -1,0 +1,58 @@
+"""A frozen Redis (SIGSTOP: connections open, nothing answers) must not hang the fleet.
+
+Before issue 12 `/readyz` said 200 after 8 s, a call with `X-Deadline-Ms: 1000` answered after
+8 s, and requests whose callers had been told 503 were served once Redis woke up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.chaos import Seen, call, own_fleet, status
+from tests.harness import wait_until
+
+TIER = "routing"
+
+
+def outcomes_metric(base: str) -> dict[str, float]:
+    """fleet_requests_total by outcome (all tiers and classes), as the gateway's /metrics says."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name == "fleet_requests_total":
+                out[s.labels["outcome"]] = out.get(s.labels["outcome"], 0) + s.value
+    return out
+
+
+def test_readyz_and_deadlines_hold_while_redis_is_frozen_and_told_503_is_never_served() -> None:
+    with own_fleet() as own:
+        f = own.fleet
+        k = f.keys(TIER)
+        # A call that joins the line (no worker serves this tier) and waits there, deadline far off.
+        waiting: list[Seen] = []
+        t = threading.Thread(target=lambda: waiting.append(
+            call(own.base, stream=False, max_tokens=4, deadline_ms=60_000)))
+        t.start()
+        wait_until(lambda: f.r.zcard(k.line) == 1, 20, what="the call in the line")
+        with own.frozen():
+            t0 = time.monotonic()
+            assert status(f"{own.base}/readyz", timeout=10) == 503
+            assert time.monotonic() - t0 < 2.0, "readyz must tell within about a second"
+            s = call(own.base, stream=False, max_tokens=4, deadline_ms=1000, timeout_s=30)
+            assert s.outcome == "unavailable", s
+            assert s.elapsed_s < 1.0 + 3.0, f"a 1 s deadline answered after {s.elapsed_s:.1f} s"
+            t.join(30)  # the waiting call's read has no answer either: told 503, not left hanging
+            assert waiting and waiting[0].outcome == "unavailable", waiting
+            assert waiting[0].elapsed_s < 30
+        # Redis is back: the call whose caller was told 503 leaves the line instead of being served.
+        wait_until(lambda: f.counters(TIER).get("unavailable") == 1, 20, what="the orphan ended in the line")
+        assert f.r.zcard(k.line) == 0
+        assert f.counters(TIER)["accepted"] == 1 and "completed" not in f.counters(TIER)
+        wait_until(lambda: status(f"{own.base}/readyz") == 200, 20, what="ready again, nothing restarted")
+        assert own.gateway.poll() is None
+        # Every response is counted, the 503s included (one never reached the line).
+        assert outcomes_metric(own.base).get("unavailable") == 2
