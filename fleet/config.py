@@ -8,6 +8,7 @@ whose text lists each offending path.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from contextvars import ContextVar
 from enum import IntEnum
 from pathlib import Path
@@ -256,9 +257,9 @@ class GatewayEdge(_Strict):
 
 
 class ApiKey(_Strict):
-    name: str
-    sha256: str  # keys are stored hashed; see `fleet hash-key`
-    tiers: list[str] | None = None  # None: every tier
+    name: str = Field(min_length=1, max_length=128)
+    sha256: str  # keys are stored hashed; see `fleet hash-key`. Also the key's id in Redis (its limits, budget)
+    tiers: list[str] | None = Field(None, min_length=1)  # None: every tier (which exist: FleetConfig, `keys add`)
     default_priority: str = "interactive"
     max_priority: str = "committed"
     rpm: int | None = Field(None, gt=0)
@@ -275,6 +276,22 @@ class ApiKey(_Strict):
         if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
             raise ValueError("must be the 64-hex-digit sha256 of the key (`fleet hash-key SECRET`), not the key")
         return v
+
+    @field_validator("default_priority", "max_priority")
+    @classmethod
+    def _a_class(cls, v: str) -> str:  # here, not only in the config: stored keys are read with this model
+        if v not in CLASSES:
+            raise ValueError(f"unknown priority class {v!r}; classes are {', '.join(CLASSES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ApiKey:  # else every call without X-Priority is refused
+        if CLASSES.index(self.default_priority) < CLASSES.index(self.max_priority):
+            raise ValueError(f"default_priority {self.default_priority!r} is above max_priority {self.max_priority!r}")
+        return self
+
+    def unknown_tiers(self, tiers: Iterable[str]) -> list[str]:
+        return [t for t in self.tiers or () if t not in set(tiers)]
 
 
 class GpuInventory(_Strict):
@@ -334,10 +351,15 @@ class FleetConfig(BaseSettings):
                 if name in seen and seen[name] != tier:
                     raise ValueError(f"model name {name!r} is used by tiers {seen[name]!r} and {tier!r}")
                 seen[name] = tier
-        named = (self.default_priority, *(k.default_priority for k in self.keys), *(k.max_priority for k in self.keys))
-        for p in named:
-            if p not in CLASSES:
-                raise ValueError(f"unknown priority class {p!r}; classes are {', '.join(CLASSES)}")
+        if self.default_priority not in CLASSES:
+            raise ValueError(f"unknown priority class {self.default_priority!r}; classes are {', '.join(CLASSES)}")
+        names: set[str] = set()
+        for i, k in enumerate(self.keys):
+            if bad := k.unknown_tiers(self.tiers):
+                raise ValueError(f"keys.{i}.tiers: no tier {', '.join(map(repr, bad))}; tiers are "
+                                 f"{', '.join(self.tiers)}")
+            if k.name in names or names.add(k.name):  # operators tell keys apart by name (revoke, logs)
+                raise ValueError(f"keys.{i}.name: {k.name!r} is used by another key")
         return self
 
     def resolve_model(self, model: str) -> str | None:

@@ -250,6 +250,25 @@ def _stored_keys() -> tuple[Any, str]:
     return connect_sync(_redis_url()), cfg.namespace
 
 
+def _key_or_exit(cfg: FleetConfig, **fields: Any) -> Any:
+    """The key `keys add` would store, validated as the config loader validates its keys."""
+    from pydantic import ValidationError
+
+    from fleet.config import ApiKey
+
+    try:
+        key = ApiKey(**fields)
+    except ValidationError as e:
+        click.echo("fleet: " + "; ".join(f"--{'-'.join(map(str, x['loc'])).replace('_', '-') or 'default-priority'}: "
+                                         f"{x['msg']}" for x in e.errors()), err=True)
+        sys.exit(2)
+    if bad := key.unknown_tiers(cfg.tiers):
+        click.echo(f"fleet: --tiers: no tier {', '.join(map(repr, bad))}; tiers are {', '.join(cfg.tiers)}",
+                   err=True)
+        sys.exit(2)
+    return key
+
+
 @keys.command("add")
 @click.argument("name")
 @click.option("--tiers", default=None, help="Comma-separated tiers this key may use (default: all).")
@@ -266,24 +285,17 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
     import hashlib
     import secrets
 
-    from pydantic import ValidationError
-
-    from fleet.config import ApiKey
     from fleet.store.api_keys import KeyExists, add_stored_key
 
-    r, namespace = _stored_keys()
+    cfg = _config(None)
     secret = "fk-" + secrets.token_urlsafe(32)
+    key = _key_or_exit(cfg, name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
+                       tiers=[t.strip() for t in tiers.split(",")] if tiers is not None else None,
+                       default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
+                       budget_usd=budget_usd, admin=admin, read_status=read_status)
+    r, namespace = _stored_keys()
     try:
-        key = ApiKey(name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
-                     tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
-                     default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
-                     budget_usd=budget_usd, admin=admin, read_status=read_status)
-    except ValidationError as e:
-        click.echo("fleet: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()),
-                   err=True)
-        sys.exit(2)
-    try:
-        add_stored_key(r, namespace, key)
+        add_stored_key(r, namespace, key, taken=[k.name for k in cfg.keys])
     except KeyExists as e:
         click.echo(f"fleet: {e}", err=True)
         sys.exit(2)

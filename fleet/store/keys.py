@@ -135,10 +135,13 @@ class TierKeys:
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyKeys:
-    """Keys of one API key; they share the hash tag `{key:NAME}`."""
+    """Keys of one API key; they share the hash tag `{key:ID}`.
+
+    ID is the key's sha256 digest, not its name: two keys never share limits or a budget,
+    whatever they are called, and a name revoked and added again starts afresh."""
 
     namespace: str
-    name: str
+    name: str  # the key's id: its sha256 digest
 
     @property
     def window(self) -> str:
