@@ -10,8 +10,8 @@ from prometheus_client import Counter, Gauge, Histogram
 # Buckets that resolve a p99 from 5 ms to 60 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 
-REQUESTS = Counter("fleet_requests", "Requests by final outcome (completed, expired, cancelled, failed) "
-                   "and refusals (shed).", ["tier", "priority", "outcome"])
+REQUESTS = Counter("fleet_requests", "Every response by outcome: the line's (completed, expired, cancelled, failed, "
+                   "unavailable) and refusals before it (shed, refused, unavailable).", ["tier", "priority", "outcome"])
 SHED = Counter("fleet_shed", "Requests refused at admission, by reason.", ["tier", "priority", "reason"])
 TTFT = Histogram("fleet_ttft_seconds", "Time to first token, measured by the worker.", ["tier"],
                  buckets=LATENCY_BUCKETS)
