@@ -49,6 +49,7 @@ class Supervisor:
         self.records: dict[str, Supervised] = {}
         self.start_timeouts: dict[str, int] = {}  # tier -> consecutive start timeouts (each doubles the limit)
         self.last_beat: dict[str, float] = {}  # replica -> when a live heartbeat was last seen
+        self.watched: dict[str | None, float] = {}  # tier (None: all) -> when it was last polled
 
     def keys(self, tier: str) -> TierKeys:
         return TierKeys(self.cfg.namespace, tier)
@@ -137,10 +138,15 @@ class Supervisor:
         so neither a wedged replica nor a loading one can be told apart)."""
         now = time.time()
         events: list[ReplicaEvent] = []
+        # Not polled for a while: this scaler's own ticks failed (Redis away or frozen), and the
+        # replicas' silence since is the store's, not theirs. Each gets a full wedged window again
+        # rather than being killed with its running work on the first tick after the outage.
+        blind = now - self.watched.get(tier, now) > 3 * self.cfg.heartbeat_s + 1
+        self.watched[tier] = now
         for rec in list(self.records.values()):
             if tier is not None and rec.tier != tier:
                 continue
-            if beating_ids is not None and (rec.id in beating_ids or rec.id in ready_ids):
+            if blind or (beating_ids is not None and (rec.id in beating_ids or rec.id in ready_ids)):
                 self.last_beat[rec.id] = now
             self.last_beat.setdefault(rec.id, now)  # first seen (started, adopted): its beats are still due
             if not self.backend.alive(rec):
