@@ -55,6 +55,7 @@ from gateway.status import fleet_status
 
 log = logging.getLogger("fleet.gateway")
 JSON = "application/json"
+STATUS_BOUND_S = 3.0  # GET /v1/fleet/status reads every tier: a few round trips each
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -162,7 +163,11 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @app.get("/v1/fleet/status", dependencies=[Depends(require_status_reader)])
     async def status(request: Request) -> Response:
         gw: Gateway = request.app.state.gw
-        return _json(await fleet_status(gw.cfg, gw.redis, gw.lines, gw.admission.views))
+        try:  # a frozen Redis: a typed 503 within a couple of seconds, not after every read's timeout
+            async with asyncio.timeout(STATUS_BOUND_S):
+                return _json(await fleet_status(gw.cfg, gw.redis, gw.lines, gw.admission.views))
+        except TimeoutError:
+            raise unavailable_error(None) from None
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
