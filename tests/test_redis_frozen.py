@@ -45,6 +45,11 @@ def test_readyz_and_deadlines_hold_while_redis_is_frozen_and_told_503_is_never_s
             s = call(own.base, stream=False, max_tokens=4, deadline_ms=1000, timeout_s=30)
             assert s.outcome == "unavailable", s
             assert s.elapsed_s < 1.0 + 3.0, f"a 1 s deadline answered after {s.elapsed_s:.1f} s"
+            t0 = time.monotonic()
+            r = httpx.get(f"{own.base}/v1/fleet/status", timeout=30)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable", r.text
+            assert httpx.get(f"{own.base}/metrics", timeout=30).status_code == 200  # gauges stale, not hung
+            assert time.monotonic() - t0 < 3.0 + 2.0 + 2.0
             t.join(30)  # the waiting call's read has no answer either: told 503, not left hanging
             assert waiting and waiting[0].outcome == "unavailable", waiting
             assert waiting[0].elapsed_s < 30
