@@ -105,7 +105,8 @@ def test_a_name_added_again_starts_with_fresh_limits(fleet: Fleet) -> None:
     fleet.start_gateway()
     fleet.start_worker("routing")
     first = _fleet(fleet, "add", "desk", "--rpm", "1").stdout.strip()
-    wait_until(lambda: _call(fleet, first).status_code == 200, 10, what="the key in use")
+    wait_until(lambda: _call(fleet).status_code == 401, 10, what="the gateway closed: the key is known")
+    assert _call(fleet, first).status_code == 200
     r = _call(fleet, first)
     assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
     assert _fleet(fleet, "revoke", "desk").returncode == 0
