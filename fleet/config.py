@@ -23,6 +23,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from fleet.model_config import ModelVersionConfig, RolloutConfig, merged, valid_version
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.yaml"
 
 
@@ -227,6 +229,9 @@ class TierConfig(_Strict):
     sim: SimProfile = Field(default_factory=SimProfile)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     openai: OpenAIUpstream = Field(default_factory=OpenAIUpstream)
+    version: str = "v1"  # the version this tier's model is, in the model registry (fleet.model_config)
+    versions: dict[str, ModelVersionConfig] = Field(default_factory=dict)  # more known versions
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
     @field_validator("wait_limit_s")
     @classmethod
@@ -237,6 +242,13 @@ class TierConfig(_Strict):
     def _floor_fits(self) -> TierConfig:
         if self.warm_floor > self.max_replicas:
             raise ValueError(f"warm_floor ({self.warm_floor}) exceeds max_replicas ({self.max_replicas})")
+        for name, v in {self.version: None, **self.versions}.items():
+            valid_version(name)
+            if v is not None:  # each version's sim profile must be one, with the tier's underneath
+                try:
+                    SimProfile.model_validate(merged(self.sim.model_dump(), v.sim))
+                except ValidationError as e:
+                    raise ValueError(f"versions.{name}.sim: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
         return self
 
     def wait_limit(self, priority: Priority) -> float:

@@ -124,6 +124,18 @@ class TierKeys:
         """HASH of one UTC day's spend, by minute, hour and day (see `fleet.store.ledger`)."""
         return self._k(f"ledger:d:{day}")
 
+    @property
+    def models(self) -> str:
+        """STRING JSON of the tier's model registry record: the live version, the versions known,
+        the previous known-good one, the rollout in progress (`fleet.store.model_registry`)."""
+        return self._k("models")
+
+    @property
+    def models_history(self) -> str:
+        """STREAM, append-only, of every change to the registry record: who, when, why
+        (`fleet.store.model_registry`)."""
+        return self._k("models:history")
+
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
         return self._k(f"req:{rid}")
