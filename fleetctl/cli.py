@@ -82,13 +82,14 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
 @click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
               help="Engine (default: the tier's configured engine).")
 @click.option("--replica-id", default=None)
+@click.option("--model-version", default=None, help="Model version to run (default: the registry's live one).")
 @click.option("--time-scale", default=1.0, type=float, help="Scale the sim engine's clock (tests).")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
               help="Serve this replica's Prometheus metrics (TTFT, TPOT, slots) on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @CONFIG
 @click.option("--verbose", is_flag=True)
-def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scale: float,
+def worker(tier: str, engine_name: str | None, replica_id: str | None, model_version: str | None, time_scale: float,
            metrics_port: int | None, metrics_host: str, config_path: str | None, verbose: bool) -> None:
     """Run one worker replica for a tier."""
     from workers.worker import run_worker
@@ -98,9 +99,9 @@ def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scal
     if tier not in cfg.tiers:
         click.echo(f"fleet: unknown tier {tier!r}; tiers are {', '.join(cfg.tiers)}", err=True)
         sys.exit(2)
-    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name or cfg.tiers[tier].engine, _redis_url(),
-                                    replica_id=replica_id, time_scale=time_scale, metrics_port=metrics_port,
-                                    metrics_host=metrics_host)))
+    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name, _redis_url(), replica_id=replica_id,
+                                    time_scale=time_scale, metrics_port=metrics_port, metrics_host=metrics_host,
+                                    version=model_version)))
 
 
 @main.command()

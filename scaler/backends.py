@@ -41,6 +41,7 @@ class Supervised:
     ready_at: float | None = None
     drain_at: float | None = None
     exit_code: int | None = field(default=None, compare=False)
+    version: str = ""  # the model version it was started at ("" : the registry's live one then)
 
     def dumps(self) -> bytes:
         d = asdict(self)
@@ -91,7 +92,8 @@ class LocalBackend:
 
     def command(self, rec: Supervised) -> list[str]:
         return [sys.executable, "-m", "fleetctl", "worker", "--tier", rec.tier, "--replica-id", rec.id,
-                *(["--engine", self.engine] if self.engine else [])]
+                *(["--engine", self.engine] if self.engine else []),
+                *(["--model-version", rec.version] if rec.version else [])]
 
     def launch(self, rec: Supervised) -> None:
         env = dict(self.env)
@@ -163,12 +165,14 @@ def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, s
     spec: dict[str, Any] = {
         "image": image,
         "command": ["fleet", "worker", "--tier", rec.tier, "--replica-id", rec.id,
-                    *(["--engine", engine] if engine else [])],
+                    *(["--engine", engine] if engine else []),
+                    *(["--model-version", rec.version] if rec.version else [])],
         "name": f"{namespace}-{rec.id}",
         "detach": True,
         "environment": env,
         "labels": {f"{LABEL}.namespace": namespace, f"{LABEL}.tier": rec.tier, f"{LABEL}.id": rec.id,
-                   f"{LABEL}.gpus": cuda_visible_devices(rec.gpus), f"{LABEL}.gpu_gb": str(rec.gpu_gb)},
+                   f"{LABEL}.gpus": cuda_visible_devices(rec.gpus), f"{LABEL}.gpu_gb": str(rec.gpu_gb),
+                   f"{LABEL}.version": rec.version},
         # Drain takes as long as the longest stream; the supervisor kills after its own grace.
         "stop_signal": "SIGTERM",
     }
@@ -255,5 +259,6 @@ class DockerBackend:
             gpus = tuple(int(g) for g in lab.get(f"{LABEL}.gpus", "").split(",") if g)
             found.append(Supervised(id=lab[f"{LABEL}.id"], tier=lab[f"{LABEL}.tier"], backend=self.name,
                                     launched=0.0, gpus=gpus, gpu_gb=float(lab.get(f"{LABEL}.gpu_gb", 0) or 0),
-                                    container=c.id, host=self.host, state="ready"))
+                                    container=c.id, host=self.host, state="ready",
+                                    version=lab.get(f"{LABEL}.version", "")))
         return found

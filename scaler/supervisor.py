@@ -98,15 +98,15 @@ class Supervisor:
 
     # --- actions --------------------------------------------------------------------
 
-    async def start(self, tier: str) -> Supervised | None:
-        """Start one replica of the tier; None when no GPU has room for it."""
+    async def start(self, tier: str, version: str = "") -> Supervised | None:
+        """Start one replica of the tier (at `version` of its model); None when no GPU has room for it."""
         tc = self.cfg.tiers[tier]
         rid = f"{tier}-{uuid.uuid4().hex[:8]}"
         gpus = self.placement.place(rid, tc.gpus_per_replica, tc.gpu_memory_gb)
         if gpus is None:
             return None
         rec = Supervised(id=rid, tier=tier, backend=self.backend.name, launched=time.time(), gpus=gpus,
-                         gpu_gb=tc.gpu_memory_gb if gpus else 0.0)
+                         gpu_gb=tc.gpu_memory_gb if gpus else 0.0, version=version)
         try:  # a launch can block for seconds (pulling, creating a container): off the event loop
             await asyncio.to_thread(self.backend.launch, rec)
         except Exception:

@@ -37,12 +37,13 @@ log = logging.getLogger("fleet.worker")
 class Worker:
     def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
                  replica_id: str | None = None, engine_name: str = "sim", blocking: Redis | None = None,
-                 pubsub: Redis | None = None) -> None:
+                 pubsub: Redis | None = None, version: str = "") -> None:
         self.cfg = cfg
         self.tier = tier
         self.tc = cfg.tiers[tier]
         self.engine = engine
         self.engine_name = engine_name
+        self.version = version  # the model version it runs, in every heartbeat
         self.redis = redis
         self.pubsub_redis = pubsub or redis  # subscriptions wait without a read timeout
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
@@ -312,7 +313,7 @@ class Worker:
         await write_heartbeat(self.redis, self.line.keys, Heartbeat(
             id=self.replica_id, state=self.state, slots=self.concurrency, in_use=len(self.active),  # type: ignore[arg-type]
             completed=self.completed, cold_start_s=self.cold_start_s, ts=time.time(), started=self.started_at,
-            pid=os.getpid(), engine=self.engine_name))
+            pid=os.getpid(), engine=self.engine_name, version=self.version))
         # Replica-seconds by state into the spend ledger (idempotent: see fleet.ledger).
         await self.ledger.accrue(self.replica_id, self.state, self.started_at)
 
@@ -329,10 +330,13 @@ class Worker:
                 log.exception("heartbeat failed")
 
 
-async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: str, *,
+async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis_url: str, *,
                      replica_id: str | None = None, time_scale: float = 1.0, metrics_port: int | None = None,
-                     metrics_host: str = "127.0.0.1") -> int:
-    """Run one replica until it drains; the exit code says whether it gave up."""
+                     metrics_host: str = "127.0.0.1", version: str | None = None) -> int:
+    """Run one replica until it drains; the exit code says whether it gave up.
+
+    It runs `version` of the tier's model (default: the registry's live one), as the
+    registry describes it; `engine_name`, when given, overrides that version's engine."""
     from workers.engines import build_engine
 
     if metrics_port is not None:  # Prometheus scrapes each replica here (a thread; the loop never serves it)
@@ -341,9 +345,16 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: s
         start_http_server(metrics_port, addr=metrics_host)
 
     clients = Clients.open(redis_url, name=f"worker:{tier}")
+    try:
+        cfg, version = await _at_version(cfg, tier, clients.calls, version)
+    except LookupError as e:
+        log.error("replica of %s: %s", tier, e)
+        await clients.aclose()
+        return 2
+    engine_name = engine_name or cfg.tiers[tier].engine
     engine = build_engine(engine_name, cfg.tiers[tier], time_scale=time_scale)
     worker = Worker(cfg, tier, engine, clients.calls, replica_id=replica_id, engine_name=engine_name,
-                    blocking=clients.blocking, pubsub=clients.pubsub_client)
+                    blocking=clients.blocking, pubsub=clients.pubsub_client, version=version)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -356,3 +367,18 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: s
     finally:
         await clients.aclose()
     return 1 if worker.failed else 0
+
+
+async def _at_version(cfg: FleetConfig, tier: str, redis: Redis, version: str | None) -> tuple[FleetConfig, str]:
+    """The config with the tier as `version` runs it (default: the live one), from the model
+    registry (seeded from the config if nothing has seeded it yet)."""
+    from fleet.store.keys import TierKeys
+    from fleet.store.model_registry import ensure_seeded, tier_at_version
+
+    rec = await ensure_seeded(redis, TierKeys(cfg.namespace, tier), cfg.tiers[tier])
+    name = version or rec.live
+    spec = rec.versions.get(name)
+    if spec is None:
+        raise LookupError(f"unknown model version {name!r}; the registry knows {', '.join(sorted(rec.versions))}")
+    tc = tier_at_version(cfg.tiers[tier], spec)
+    return cfg.model_copy(update={"tiers": {**cfg.tiers, tier: tc}}), name

@@ -18,7 +18,9 @@ ceiling itself. The modules, each importing only those above it:
 - `calibration`: capacity expected vs seen (start-up, throughput);
 - `tier_budget`: the tier budget governor's math (windows, projected spend,
   the budget ceiling, exhausted or not, token burn, cost per useful token);
-- `key_budget`: what a call costs an API key.
+- `key_budget`: what a call costs an API key;
+- `rollout`: replacing replicas by the live model version one at a time, and
+  judging a promotion against the version it replaced.
 """
 
 from fleet.policy.admission import (
@@ -61,6 +63,15 @@ from fleet.policy.observation import (
 )
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
+from fleet.policy.rollout import (
+    RolloutStep,
+    Verdict,
+    VersionStats,
+    drain_first,
+    judge_rollout,
+    p99,
+    rollout_step,
+)
 from fleet.policy.scaling import (
     ScaleDecision,
     TierState,
@@ -101,11 +112,14 @@ __all__ = [
     "Prewarm",
     "PrewarmOrder",
     "Replicas",
+    "RolloutStep",
     "ScaleDecision",
     "ServiceForecast",
     "TierCapacity",
     "TierObservation",
     "TierState",
+    "Verdict",
+    "VersionStats",
     "active_prewarm",
     "active_windows",
     "admission_forecast",
@@ -123,14 +137,17 @@ __all__ = [
     "decide",
     "decide_tier",
     "default_max_tokens",
+    "drain_first",
     "drain_s",
     "format_duration",
     "gpu_ceiling",
     "initial_calibration",
     "judge",
     "judge_admission",
+    "judge_rollout",
     "littles_law",
     "modelled_startup_s",
+    "p99",
     "predicted_wait_s",
     "prewarm_lead_s",
     "projected_spend",
@@ -138,6 +155,7 @@ __all__ = [
     "rate",
     "replica_concurrency",
     "replicas_for",
+    "rollout_step",
     "scale_in_victims",
     "scaling_state",
     "seconds_to_drain",

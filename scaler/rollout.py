@@ -1,0 +1,96 @@
+"""The scaler's side of the model registry: which version a new replica starts at, and rollouts.
+
+Each tick the acting scaler reads the tier's registry record. Every replica
+it starts runs the live version; a scale-in drains a replica at an older
+version first (`fleet.policy.drain_first`); and while its own decision
+holds, the rollout takes one step (`fleet.policy.rollout_step`): start one
+replica at the live version, or, once one is ready, drain one old one. The
+step is derived from the replicas observed (their heartbeats carry their
+version), so a new leader resumes a rollout where the last left it, and
+marking it done is a compare-and-set on the rollout's id: two scalers never
+act on one promotion twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from fleet.config import FleetConfig
+from fleet.policy import ScaleDecision, TierObservation, drain_first, rollout_step
+from fleet.store import scaler_state
+from fleet.store.keys import TierKeys
+from fleet.store.model_registry import ModelRecord, ensure_seeded, finish_rollout, read_record
+from scaler.supervisor import Supervisor
+
+log = logging.getLogger("fleet.scaler.rollout")
+
+
+class Rollouts:
+    def __init__(self, cfg: FleetConfig, redis: Redis, supervisor: Supervisor, scaler_id: str) -> None:
+        self.cfg = cfg
+        self.redis = redis
+        self.supervisor = supervisor
+        self.scaler_id = scaler_id
+        self.records: dict[str, ModelRecord] = {}
+
+    def keys(self, tier: str) -> TierKeys:
+        return TierKeys(self.cfg.namespace, tier)
+
+    async def seed(self) -> None:
+        """On taking the lease: the config seeds each tier's record if none exists (or adds the
+        versions the registry does not know); the registry's live version is never changed here."""
+        for tier, tc in self.cfg.tiers.items():
+            self.records[tier] = await ensure_seeded(self.redis, self.keys(tier), tc, by=f"config ({self.scaler_id})")
+
+    async def live(self, tier: str) -> str:
+        """The tier's live version, read fresh each tick (an operator may have promoted since)."""
+        rec = await read_record(self.redis, self.keys(tier))
+        if rec is None:  # flushed or never seeded: the config seeds it again
+            rec = await ensure_seeded(self.redis, self.keys(tier), self.cfg.tiers[tier], by=self.scaler_id)
+        self.records[tier] = rec
+        return rec.live
+
+    def scale_in_eligible(self, tier: str, obs: TierObservation, eligible: set[str]) -> set[str]:
+        rec = self.records.get(tier)
+        return drain_first(obs.replicas.members, rec.live, eligible) if rec else eligible
+
+    async def step(self, tier: str, d: ScaleDecision, obs: TierObservation,
+                   lease_ok: Callable[[], Awaitable[bool]]) -> str:
+        """One rollout step while the scaler's decision holds (or is capped); returns a note for
+        the published reason ("" when no rollout is under way)."""
+        rec = self.records.get(tier)
+        ro = rec.rollout if rec else None
+        if rec is None or ro is None or not ro.rolling or ro.to_version != rec.live:
+            return ""
+        k = self.keys(tier)
+        ours = {r.id for r in self.supervisor.of_tier(tier) if r.state in ("starting", "ready")}
+        target = min(max(d.desired, d.floor), d.ceiling)
+        step = rollout_step(obs.replicas.members, rec.live, floor=d.floor, target=target,
+                            canary=None if ro.judged else ro.canary, eligible=ours)
+        now = time.time()
+        if step.action == "done":
+            if await finish_rollout(self.redis, k, ro.id, done=True, by=self.scaler_id, why=step.reason):
+                log.info("%s: rollout %d to %s done: %s", tier, ro.id, rec.live, step.reason)
+                await scaler_state.append_event(self.redis, k, event="rollout_done", replica="",
+                                                reason=f"{ro.kind} to {rec.live}: {step.reason}", at=now,
+                                                scaler=self.scaler_id)
+            return ""
+        if step.action == "wait":
+            return f"; {step.reason}"
+        if not await lease_ok():
+            return "; lease lost"
+        if step.action == "start":
+            started = await self.supervisor.start(tier, version=rec.live)
+            if started is None:
+                return f"; {step.reason}: no GPU room"
+            await scaler_state.append_event(self.redis, k, event="rollout_start", replica=started.id,
+                                            reason=step.reason, at=now, scaler=self.scaler_id)
+        elif step.replica is not None and await self.supervisor.drain(step.replica):
+            await scaler_state.append_event(self.redis, k, event="rollout_drain", replica=step.replica,
+                                            reason=step.reason, at=now, scaler=self.scaler_id)
+        log.info("%s: %s", tier, step.reason)
+        return f"; {step.reason}"
