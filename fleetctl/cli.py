@@ -340,5 +340,14 @@ def hash_key(secret: str) -> None:
     click.echo(hashlib.sha256(secret.encode()).hexdigest())
 
 
+def _models_commands() -> None:
+    from fleetctl.models_cli import models, promote_cmd, rollback_cmd
+
+    for cmd in (models, promote_cmd, rollback_cmd):
+        main.add_command(cmd)
+
+
+_models_commands()
+
 if __name__ == "__main__":
     main()

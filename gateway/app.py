@@ -35,6 +35,7 @@ from gateway.auth import KeyRing, authenticate, require_status_reader
 from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, from_event, install_error_handlers
 from gateway.fleet_api import router as fleet_router
+from gateway.models_api import router as models_router
 from gateway.observability import RequestRecorder
 from gateway.observability import router as metrics_router
 from gateway.openapi import install_openapi
@@ -133,6 +134,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     app.include_router(metrics_router, dependencies=[Depends(require_status_reader)])
     app.include_router(dashboard_router)  # the page is public; the status it reads is not
     app.include_router(fleet_router)  # POST /v1/fleet/prewarm
+    app.include_router(models_router)  # /v1/fleet/models: the model registry (admin)
     install_openapi(app)  # the real request models, headers and errors in /openapi.json
 
     @app.get("/healthz")
