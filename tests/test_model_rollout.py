@@ -1,0 +1,200 @@
+"""Rollouts live: the scaler with sim workers it starts itself (local processes), two versions
+with different sim profiles (tests/fleet-rollout.yaml), a steady load on the line throughout.
+
+A promotion replaces every replica one at a time with 0 failed calls and the ready never
+below the floor; a rollback brings every replica back; a standby that takes the lease in
+the middle of a rollout finishes it without acting on it twice; the registry survives a
+restart of every part."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from fleet.config import Priority
+from fleet.store.keys import scaler_leader_key
+from fleet.store.line import Line
+from tests.harness import ROOT, Fleet, wait_until
+
+CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
+TIER = "routing"
+FLOOR = 2
+
+
+@pytest.fixture
+def rfleet(redis_url: str) -> Iterator[Fleet]:
+    f = Fleet(redis_url, config_path=CONFIG)
+    try:
+        yield f
+    finally:
+        f.stop()
+        for raw in f.r.hvals(f.keys(TIER).supervised):  # replicas of a scaler a test killed on purpose
+            rec = orjson.loads(raw)
+            with contextlib.suppress(OSError):
+                if rec.get("pid") and rec["id"].encode() in Path(f"/proc/{rec['pid']}/cmdline").read_bytes():
+                    os.kill(rec["pid"], signal.SIGKILL)
+
+
+def start_scaler(f: Fleet) -> subprocess.Popen[bytes]:
+    return f.spawn("scaler", "--tick", "0.25", "--lease", "2", "--metrics-port", "0", "--stop-replicas-on-exit")
+
+
+def beats(f: Fleet) -> dict[str, dict[str, Any]]:
+    now = time.time()
+    got = {k.decode(): orjson.loads(v) for k, v in f.r.hgetall(f.keys(TIER).replicas).items()}
+    return {k: b for k, b in got.items() if now - b["ts"] < 5.0}
+
+
+def versions(f: Fleet, state: str = "ready") -> list[str]:
+    return sorted(b["version"] for b in beats(f).values() if b["state"] == state)
+
+
+def events(f: Fleet) -> list[dict[str, str]]:
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in f.r.xrange(f.keys(TIER).decisions)]
+
+
+def fleet_cmd(f: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "fleetctl", *args], env=f.env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+class Load:
+    """A steady load on the line from a thread: `rate` requests a second until stopped."""
+
+    def __init__(self, f: Fleet, rate: float = 6.0) -> None:
+        self.f, self.rate, self.sent = f, rate, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        r = Redis.from_url(self.f.redis_url)
+        line = Line(r, self.f.namespace, TIER, rate_window_s=4.0)
+        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 10})
+        t0 = time.monotonic()
+        while not self.stop.is_set():
+            await line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 60_000)
+            self.sent += 1
+            await asyncio.sleep(max(0.0, t0 + self.sent / self.rate - time.monotonic()))
+        await r.aclose()
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def rolled_to(f: Fleet, version: str) -> bool:
+    """Every live replica runs `version` (the drained ones have left) and the floor is ready."""
+    b = beats(f)
+    return (len([x for x in b.values() if x["state"] == "ready"]) >= FLOOR
+            and all(x["version"] == version for x in b.values()))
+
+
+def watch_floor(f: Fleet, until: Any, timeout: float, what: str) -> int:
+    """Wait for `until`, checking on every look that the ready replicas never fell below the floor;
+    returns the fewest ready seen."""
+    fewest = 99
+    end = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < end, f"timed out after {timeout}s waiting for {what}: {beats(f)}"
+        fewest = min(fewest, len(versions(f)))
+        time.sleep(0.05)
+    return fewest
+
+
+def test_promote_under_load_replaces_every_replica_then_rollback_brings_them_back(rfleet: Fleet) -> None:
+    f = rfleet
+    start_scaler(f)
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    with Load(f) as load:
+        wait_until(lambda: f.counters(TIER).get("completed", 0) >= 10, 30, what="the load being served")
+        out = fleet_cmd(f, "promote", TIER, "v2", "--why", "faster decode")
+        assert "v2 is live (was v1)" in out.stdout
+        fewest = watch_floor(f, lambda: rolled_to(f, "v2"), 90, "every replica at v2")
+        assert fewest >= FLOOR
+        wait_until(lambda: '"done_at": null' not in fleet_cmd(f, "models", "show", TIER, "--json").stdout,
+                   20, interval=0.3, what="the rollout marked done")
+        fewest = min(fewest, watch_floor(f, lambda: True, 1, "-"))
+
+        fleet_cmd(f, "rollback", TIER, "--why", "back to v1")
+        fewest = min(fewest, watch_floor(f, lambda: rolled_to(f, "v1"), 90, "every replica back at v1"))
+        assert fewest >= FLOOR
+    sent = load.sent
+    wait_until(lambda: f.counters(TIER).get("completed", 0) >= sent, 60, what="every call served")
+    c = f.counters(TIER)
+    assert (c.get("failed", 0), c.get("expired", 0), c["completed"]) == (0, 0, sent), c
+
+    ev = events(f)
+    starts = [e for e in ev if e.get("event") == "rollout_start"]
+    drains = [e for e in ev if e.get("event") == "rollout_drain"]
+    # One at a time: each drain follows a start, and there are no more starts than the rollouts needed
+    # (scale-outs during a rollout start at the new version too, and count toward it).
+    assert drains and len(drains) <= len(starts) <= 2 * FLOOR + 2, (starts, drains)
+    assert [e["reason"] for e in ev if e.get("event") == "rollout_done"] == [
+        "promote to v2: every replica runs v2", "rollback to v1: every replica runs v1"]
+    hist = fleet_cmd(f, "models", "history", TIER).stdout.splitlines()
+    assert [line.split()[2] for line in hist] == ["seed", "promote", "rollout_done", "rollback", "rollout_done"]
+
+
+def test_a_standby_finishes_a_rollout_the_leader_left_without_acting_on_it_twice(rfleet: Fleet) -> None:
+    f = rfleet
+    a = start_scaler(f)
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    b = start_scaler(f)
+    leader = f.r.get(scaler_leader_key(f.namespace))
+    fleet_cmd(f, "promote", TIER, "v2")
+    # The leader starts the first new replica; it dies in the middle of the rollout.
+    wait_until(lambda: any(e.get("event") == "rollout_start" for e in events(f)), 30, what="the rollout begun")
+    a.send_signal(signal.SIGKILL)
+    a.wait(10)
+    wait_until(lambda: f.r.get(scaler_leader_key(f.namespace)) not in (None, leader), 20,
+               what="the standby holding the lease")
+    wait_until(lambda: rolled_to(f, "v2"), 90, what="every replica at v2")
+    wait_until(lambda: any(e.get("event") == "rollout_done" for e in events(f)), 20, what="the rollout done")
+    ev = events(f)
+    assert len([e for e in ev if e.get("event") == "rollout_done"]) == 1
+    # Adopted, not restarted: the new leader started only what was still to replace, so the tier
+    # ends at its floor, and no replica was started at v2 beyond the two old ones it replaced.
+    starts = [e for e in ev if e.get("event") == "rollout_start"]
+    assert len(starts) == FLOOR, starts
+    assert len(beats(f)) == FLOOR
+    b.send_signal(signal.SIGTERM)
+    b.wait(60)
+
+
+def test_the_registry_survives_a_restart_of_every_part(rfleet: Fleet) -> None:
+    f = rfleet
+    fleet_cmd(f, "promote", TIER, "v2", "--why", "before the restart")
+    s = start_scaler(f)
+    wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="the floor ready at v2, the registry's")
+    s.send_signal(signal.SIGTERM)
+    s.wait(60)
+    wait_until(lambda: not beats(f), 30, what="every replica drained")
+    # The scaler again, from the same config (which names v1 as its own): v2 is still live.
+    s = start_scaler(f)
+    wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="the floor ready at v2 again")
+    rid = f.start_worker(TIER)  # a worker started by hand runs the live version too
+    assert beats(f)[rid]["version"] == "v2"
+    out = fleet_cmd(f, "models", "show", TIER).stdout
+    assert "live v2, previous v1" in out
+    hist = fleet_cmd(f, "models", "history", TIER).stdout
+    assert hist.count("promote") == 1 and "before the restart" in hist
