@@ -37,9 +37,10 @@ class Supervised:
     pid: int | None = None
     container: str | None = None
     host: str = ""
-    state: str = "starting"  # starting | ready | draining | stopping (killed; gone at the next poll)
+    state: str = "starting"  # starting | ready | parked | draining | stopping (killed; gone at the next poll)
     ready_at: float | None = None
     drain_at: float | None = None
+    parked_at: float | None = None  # parked (SIGUSR1: up and warm, claiming nothing) since
     exit_code: int | None = field(default=None, compare=False)
     version: str = ""  # the model version it was started at ("" : the registry's live one then)
 
@@ -67,6 +68,9 @@ class Backend(Protocol):
         """SIGTERM: drain."""
 
     def kill(self, rec: Supervised) -> None: ...
+
+    def signal(self, rec: Supervised, sig: int) -> None:
+        """Send `sig` to the replica: SIGUSR1 parks it, SIGUSR2 resumes it."""
 
     def cleanup(self, rec: Supervised) -> None:
         """After it exited: reap the process or remove the container; sets rec.exit_code."""
@@ -123,6 +127,9 @@ class LocalBackend:
 
     def kill(self, rec: Supervised) -> None:
         self._signal(rec, signal.SIGKILL)
+
+    def signal(self, rec: Supervised, sig: int) -> None:
+        self._signal(rec, sig)
 
     def cleanup(self, rec: Supervised) -> None:
         p = self.children.pop(rec.id, None)
@@ -233,6 +240,10 @@ class DockerBackend:
             c.kill(signal="SIGTERM")
         elif c.status != "exited":  # never got to run (created) or is looping: nothing to drain
             c.remove(force=True)
+
+    def signal(self, rec: Supervised, sig: int) -> None:
+        if (c := self._get(rec)) is not None and c.status == "running":
+            c.kill(signal=signal.Signals(sig).name)
 
     def kill(self, rec: Supervised) -> None:
         if (c := self._get(rec)) is None:

@@ -165,7 +165,7 @@ class Scaler:
         tc = self.cfg.tiers[tier]
         out = {b.id: observed(b) for b in heartbeats}
         for rec in self.supervisor.of_tier(tier):
-            if rec.state in ("draining", "stopping"):
+            if rec.state in ("draining", "stopping", "parked"):
                 state = "draining"  # SIGTERM sent; its heartbeat may not say so yet
             elif rec.id in out:
                 continue

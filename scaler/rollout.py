@@ -84,13 +84,24 @@ class Rollouts:
         if not await lease_ok():
             return "; lease lost"
         if step.action == "start":
+            warm = [r for r in self.supervisor.of_tier(tier) if r.state == "parked" and r.version == rec.live]
+            if warm and await self.supervisor.unpark(warm[0].id):  # kept warm: back with no cold start
+                await scaler_state.append_event(self.redis, k, event="rollout_resume", replica=warm[0].id,
+                                                reason=f"{step.reason}: resumed warm", at=now, scaler=self.scaler_id)
+                return f"; {step.reason}: resumed {warm[0].id} warm"
             started = await self.supervisor.start(tier, version=rec.live)
             if started is None:
                 return f"; {step.reason}: no GPU room"
             await scaler_state.append_event(self.redis, k, event="rollout_start", replica=started.id,
                                             reason=step.reason, at=now, scaler=self.scaler_id)
-        elif step.replica is not None and await self.supervisor.drain(step.replica):
-            await scaler_state.append_event(self.redis, k, event="rollout_drain", replica=step.replica,
-                                            reason=step.reason, at=now, scaler=self.scaler_id)
+        elif step.replica is not None:
+            # After a promotion the old version stays warm for the grace, for a fast way back;
+            # after a rollback, the version left is not wanted back: it drains.
+            keep_warm = ro.kind == "promote" and self.cfg.tiers[tier].rollout.warm_grace_s > 0
+            parked = keep_warm and await self.supervisor.park(step.replica)  # only a ready one parks
+            if parked or await self.supervisor.drain(step.replica):
+                await scaler_state.append_event(self.redis, k, event="rollout_park" if parked else "rollout_drain",
+                                                replica=step.replica, reason=step.reason, at=now,
+                                                scaler=self.scaler_id)
         log.info("%s: %s", tier, step.reason)
         return f"; {step.reason}"

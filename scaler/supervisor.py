@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -128,6 +129,29 @@ class Supervisor:
         log.info("draining %s", rid)
         return True
 
+    async def park(self, rid: str) -> bool:
+        """SIGUSR1: the replica stops claiming and finishes what it holds, but stays up and warm
+        (its heartbeat says draining) until `unpark`, or a drain after the tier's warm grace."""
+        rec = self.records.get(rid)
+        if rec is None or rec.state != "ready":
+            return False
+        await asyncio.to_thread(self.backend.signal, rec, signal.SIGUSR1)
+        rec.state, rec.parked_at = "parked", time.time()
+        await self._save(rec)
+        log.info("parked %s (warm)", rid)
+        return True
+
+    async def unpark(self, rid: str) -> bool:
+        """SIGUSR2: a parked replica claims again, with no cold start."""
+        rec = self.records.get(rid)
+        if rec is None or rec.state != "parked":
+            return False
+        await asyncio.to_thread(self.backend.signal, rec, signal.SIGUSR2)
+        rec.state, rec.parked_at = "ready", None
+        await self._save(rec)
+        log.info("resumed %s", rid)
+        return True
+
     # --- watching -------------------------------------------------------------------
 
     async def poll(self, ready_ids: set[str], startup_s: float = 0.0, tier: str | None = None, *,
@@ -153,12 +177,16 @@ class Supervisor:
                 self.backend.cleanup(rec)
                 await self._remove(rec)
                 code = f"exit {rec.exit_code}" if rec.exit_code is not None else "exited"
-                if rec.state == "draining":
+                if rec.state in ("draining", "parked"):
                     events.append(ReplicaEvent(rec.tier, rec.id, "drained", f"drained and left ({code})"))
                 elif rec.state != "stopping":  # a stopped one was reported when it was stopped
                     events.append(ReplicaEvent(rec.tier, rec.id, "died", f"died while {rec.state} ({code})"))
                 continue
-            if rec.state == "draining" and rec.drain_at and now - rec.drain_at > self.drain_grace_s:
+            if rec.state == "parked" and now - (rec.parked_at or now) > self.cfg.tiers[rec.tier].rollout.warm_grace_s:
+                await self.drain(rec.id)  # the warm grace is over: a rollback now starts afresh
+                events.append(ReplicaEvent(rec.tier, rec.id, "warm_grace_over", "parked past the warm grace; "
+                                           "draining"))
+            elif rec.state == "draining" and rec.drain_at and now - rec.drain_at > self.drain_grace_s:
                 self.backend.kill(rec)
                 rec.state = "stopping"
                 await self._save(rec)

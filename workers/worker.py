@@ -4,7 +4,9 @@ streams tokens back, measures TTFT and TPOT, and heartbeats.
 
 Leases are renewed every heartbeat while a request runs; a request whose
 lease this worker lost is aborted here, because someone else now owns it.
-SIGTERM drains: stop claiming, finish what is in flight, exit.
+SIGTERM drains: stop claiming, finish what is in flight, exit. SIGUSR1 parks
+(stop claiming, finish what is in flight, stay up and warm: the previous
+version after a promotion); SIGUSR2 resumes a parked replica.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fleet.store.connection import Clients
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
+from fleet.store.model_registry import config_at_version
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.streaming import LeaseLost, StreamWriter
 
@@ -62,6 +65,9 @@ class Worker:
         self.started_at = time.time()
         self._slot_freed = asyncio.Event()
         self._draining = asyncio.Event()
+        self._holding = asyncio.Event()  # drained or parked: claim nothing more
+        self._resumed = asyncio.Event()
+        self.parked = False
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -108,7 +114,28 @@ class Worker:
     def drain(self) -> None:
         self.state = "draining"
         self._draining.set()
+        self._holding.set()
         self._slot_freed.set()
+
+    def park(self) -> None:
+        """Stop claiming but stay up, engine warm: it says draining, and a rollback can resume it."""
+        if self._draining.is_set() or self.parked:
+            return
+        self.parked, self.state = True, "draining"
+        self._resumed.clear()
+        self._holding.set()
+        self._slot_freed.set()
+
+    def resume(self) -> None:
+        """Claim again after `park` (a rollback to this version: no cold start)."""
+        if not self.parked or self._draining.is_set():
+            return
+        self.parked = False
+        self.state = "ready" if self.cold_start_s is not None else "starting"
+        self._holding.clear()
+        self._resumed.set()
+        # Say so now, not a beat later: the scaler counts it ready before it starts another.
+        self._beat_now = asyncio.get_running_loop().create_task(self._heartbeat_once())
 
     # --- claiming -------------------------------------------------------------
 
@@ -132,6 +159,9 @@ class Worker:
         retries; what already runs keeps running.
         """
         while not self._draining.is_set():
+            if self.parked:
+                await _first(self._resumed.wait(), self._draining.wait())
+                continue
             free = self.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
@@ -152,7 +182,7 @@ class Worker:
                 self.active[c.rid] = asyncio.create_task(self._serve(c))
             if not claimed:
                 waiter = asyncio.create_task(self.line.wait_for_work(1.0))
-                drain = asyncio.create_task(self._draining.wait())
+                drain = asyncio.create_task(self._holding.wait())
                 await asyncio.wait({waiter, drain}, return_when=asyncio.FIRST_COMPLETED)
                 for t in (waiter, drain):
                     t.cancel()
@@ -346,7 +376,7 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis
 
     clients = Clients.open(redis_url, name=f"worker:{tier}")
     try:
-        cfg, version = await _at_version(cfg, tier, clients.calls, version)
+        cfg, version = await config_at_version(clients.calls, cfg, tier, version)
     except LookupError as e:
         log.error("replica of %s: %s", tier, e)
         await clients.aclose()
@@ -356,9 +386,10 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis
     worker = Worker(cfg, tier, engine, clients.calls, replica_id=replica_id, engine_name=engine_name,
                     blocking=clients.blocking, pubsub=clients.pubsub_client, version=version)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig, act in ((signal.SIGTERM, worker.drain), (signal.SIGINT, worker.drain),
+                     (signal.SIGUSR1, worker.park), (signal.SIGUSR2, worker.resume)):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, worker.drain)
+            loop.add_signal_handler(sig, act)
     try:
         await worker.run()
     except EngineError as e:  # the engine could not start: say why, no traceback
@@ -369,16 +400,12 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis
     return 1 if worker.failed else 0
 
 
-async def _at_version(cfg: FleetConfig, tier: str, redis: Redis, version: str | None) -> tuple[FleetConfig, str]:
-    """The config with the tier as `version` runs it (default: the live one), from the model
-    registry (seeded from the config if nothing has seeded it yet)."""
-    from fleet.store.keys import TierKeys
-    from fleet.store.model_registry import ensure_seeded, tier_at_version
-
-    rec = await ensure_seeded(redis, TierKeys(cfg.namespace, tier), cfg.tiers[tier])
-    name = version or rec.live
-    spec = rec.versions.get(name)
-    if spec is None:
-        raise LookupError(f"unknown model version {name!r}; the registry knows {', '.join(sorted(rec.versions))}")
-    tc = tier_at_version(cfg.tiers[tier], spec)
-    return cfg.model_copy(update={"tiers": {**cfg.tiers, tier: tc}}), name
+async def _first(*waits: Any) -> None:
+    """Until the first of `waits` (coroutines) completes; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

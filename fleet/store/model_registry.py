@@ -27,7 +27,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from fleet.config import SimProfile, TierConfig
+from fleet.config import FleetConfig, SimProfile, TierConfig
 from fleet.model_config import merged
 from fleet.store.keys import TierKeys
 
@@ -148,6 +148,18 @@ def tier_at_version(tc: TierConfig, spec: VersionSpec) -> TierConfig:
         update["openai"] = type(tc.openai).model_validate({**tc.openai.model_dump(), **args,
                                                            **({"model": spec.weights} if spec.weights else {})})
     return tc.model_copy(update=update)
+
+
+async def config_at_version(redis: Redis, cfg: FleetConfig, tier: str, version: str | None
+                            ) -> tuple[FleetConfig, str]:
+    """The config with `tier` as `version` runs it (default: the live one), for a replica about to
+    start its engine; the config seeds the registry if nothing has yet. LookupError: unknown version."""
+    rec = await ensure_seeded(redis, TierKeys(cfg.namespace, tier), cfg.tiers[tier])
+    name = version or rec.live
+    spec = rec.versions.get(name)
+    if spec is None:
+        raise LookupError(f"unknown model version {name!r}; the registry knows {', '.join(sorted(rec.versions))}")
+    return cfg.model_copy(update={"tiers": {**cfg.tiers, tier: tier_at_version(cfg.tiers[tier], spec)}}), name
 
 
 # --- reading ----------------------------------------------------------------------------------
