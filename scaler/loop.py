@@ -280,8 +280,8 @@ class Scaler:
             victim = victims[0]
             if not await self._lease_ok():
                 return " (lease lost)"
-            await self.supervisor.drain(victim.id)
-            return f" (draining {victim.id}, {victim.in_use} in flight)"
+            how = await self.rollouts.retire(tier, victim.id)  # an old version's may park, warm
+            return f" ({'parking' if how == 'park' else 'draining'} {victim.id}, {victim.in_use} in flight)"
         return ""
 
     async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,

@@ -58,6 +58,18 @@ class Rollouts:
         rec = self.records.get(tier)
         return drain_first(obs.replicas.members, rec.live, eligible) if rec else eligible
 
+    async def retire(self, tier: str, rid: str) -> str:
+        """Take a replica out of service (a rollout's step or a scale-in): "park" it when it runs the
+        version a promotion replaced and the tier keeps that warm for a fast way back, else "drain"
+        it; "" when neither applied."""
+        rec, sup = self.records.get(tier), next((r for r in self.supervisor.of_tier(tier) if r.id == rid), None)
+        ro = rec.rollout if rec else None
+        keep_warm = (ro is not None and ro.kind == "promote" and sup is not None and sup.version == ro.from_version
+                     and self.cfg.tiers[tier].rollout.warm_grace_s > 0)
+        if keep_warm and await self.supervisor.park(rid):  # only a ready one parks
+            return "park"
+        return "drain" if await self.supervisor.drain(rid) else ""
+
     async def step(self, tier: str, d: ScaleDecision, obs: TierObservation,
                    lease_ok: Callable[[], Awaitable[bool]]) -> str:
         """One rollout step while the scaler's decision holds (or is capped); returns a note for
@@ -94,14 +106,8 @@ class Rollouts:
                 return f"; {step.reason}: no GPU room"
             await scaler_state.append_event(self.redis, k, event="rollout_start", replica=started.id,
                                             reason=step.reason, at=now, scaler=self.scaler_id)
-        elif step.replica is not None:
-            # After a promotion the old version stays warm for the grace, for a fast way back;
-            # after a rollback, the version left is not wanted back: it drains.
-            keep_warm = ro.kind == "promote" and self.cfg.tiers[tier].rollout.warm_grace_s > 0
-            parked = keep_warm and await self.supervisor.park(step.replica)  # only a ready one parks
-            if parked or await self.supervisor.drain(step.replica):
-                await scaler_state.append_event(self.redis, k, event="rollout_park" if parked else "rollout_drain",
-                                                replica=step.replica, reason=step.reason, at=now,
-                                                scaler=self.scaler_id)
+        elif step.replica is not None and (how := await self.retire(tier, step.replica)):
+            await scaler_state.append_event(self.redis, k, event=f"rollout_{how}", replica=step.replica,
+                                            reason=step.reason, at=now, scaler=self.scaler_id)
         log.info("%s: %s", tier, step.reason)
         return f"; {step.reason}"
