@@ -46,6 +46,8 @@ REPLICA_CEILING = Gauge("fleet_replica_ceiling", "Ceiling in force: min(max_repl
 REPLICA_EVENTS = Counter("fleet_replica_events", "Replica lifecycle events seen by the supervisor (started, ready, "
                          "drained, died, start_timeout, killed_after_grace, lost).", ["tier", "event"])
 
+MODEL_ROLLBACKS = Counter("fleet_model_rollbacks", "Automatic un-promotions of a model version, by reason "
+                          "(error_rate, ttft_p99).", ["tier", "reason"])
 SPEND = Gauge("fleet_spend_usd_total", "Dollars spent by the tier in the current daily budget window.", ["tier"])
 BUDGET = Gauge("fleet_budget_usd", "Dollar budget by window.", ["tier", "window"])
 PROJECTED_SPEND = Gauge("fleet_projected_spend_usd", "Spent so far plus current burn over the rest of the window.",

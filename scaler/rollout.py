@@ -19,11 +19,13 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from fleet import metrics
 from fleet.config import FleetConfig
-from fleet.policy import ScaleDecision, TierObservation, drain_first, rollout_step
+from fleet.policy import ScaleDecision, TierObservation, VersionStats, drain_first, judge_rollout, rollout_step
 from fleet.store import scaler_state
 from fleet.store.keys import TierKeys
-from fleet.store.model_registry import ModelRecord, ensure_seeded, finish_rollout, read_record
+from fleet.store.model_registry import ModelRecord, Rollout, ensure_seeded, finish_rollout, read_record, rollback
+from fleet.store.version_outcomes import version_stats
 from scaler.supervisor import Supervisor
 
 log = logging.getLogger("fleet.scaler.rollout")
@@ -47,12 +49,44 @@ class Rollouts:
             self.records[tier] = await ensure_seeded(self.redis, self.keys(tier), tc, by=f"config ({self.scaler_id})")
 
     async def live(self, tier: str) -> str:
-        """The tier's live version, read fresh each tick (an operator may have promoted since)."""
+        """The tier's live version, read fresh each tick (an operator may have promoted since),
+        after judging a promotion still on trial (which may undo it)."""
         rec = await read_record(self.redis, self.keys(tier))
         if rec is None:  # flushed or never seeded: the config seeds it again
             rec = await ensure_seeded(self.redis, self.keys(tier), self.cfg.tiers[tier], by=self.scaler_id)
+        if rec.rollout is not None and rec.rollout.kind == "promote" and not rec.rollout.judged:
+            rec = await self._judge(tier, rec, rec.rollout)
         self.records[tier] = rec
         return rec.live
+
+    async def _judge(self, tier: str, rec: ModelRecord, ro: Rollout) -> ModelRecord:
+        """Compare the promoted version, since the promotion, with the one it replaced, over the
+        window before and since (`fleet.policy.judge_rollout`): undo it if worse, saying why in
+        the decision stream, a metric and the log; mark it judged when the window passes."""
+        k, rc, now = self.keys(tier), self.cfg.tiers[tier].rollout, time.time()
+        none = VersionStats(0, 0, None)
+        new = (await version_stats(self.redis, k, ro.started)).get(ro.to_version, none)
+        old = (await version_stats(self.redis, k, ro.started - rc.judge_window_s)).get(ro.from_version, none)
+        v = judge_rollout(new, old, rc, now - ro.started)
+        if v.verdict == "wait":
+            return rec
+        if v.verdict == "rollback" and rc.auto_rollback:
+            back = await rollback(self.redis, k, by=self.scaler_id, to=ro.from_version, automatic=True,
+                                  of_rollout=ro.id, why=f"automatic: {ro.to_version} is worse: {v.reason}")
+            if back is None:  # judged or replaced meanwhile (an operator, another scaler): not ours to undo
+                return await read_record(self.redis, k) or rec
+            metrics.MODEL_ROLLBACKS.labels(tier, v.code).inc()
+            log.warning("%s: rolled %s back to %s: %s", tier, ro.to_version, ro.from_version, v.reason)
+            await scaler_state.append_event(self.redis, k, event="auto_rollback", replica="", at=now,
+                                            reason=f"{ro.to_version} -> {ro.from_version}: {v.reason}",
+                                            scaler=self.scaler_id)
+            return back
+        why = v.reason if v.verdict == "keep" else f"worse ({v.reason}), kept: rollout.auto_rollback is off"
+        if await finish_rollout(self.redis, k, ro.id, judged=True, by=self.scaler_id, why=why):
+            log.info("%s: %s judged: %s", tier, ro.to_version, why)
+            await scaler_state.append_event(self.redis, k, event="judged", replica="",
+                                            reason=f"{ro.to_version}: {why}", at=now, scaler=self.scaler_id)
+        return await read_record(self.redis, k) or rec
 
     def scale_in_eligible(self, tier: str, obs: TierObservation, eligible: set[str]) -> set[str]:
         rec = self.records.get(tier)

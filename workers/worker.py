@@ -31,6 +31,7 @@ from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
 from fleet.store.model_registry import config_at_version
+from fleet.store.version_outcomes import record_outcome
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.streaming import LeaseLost, StreamWriter
 
@@ -127,15 +128,13 @@ class Worker:
         self._slot_freed.set()
 
     def resume(self) -> None:
-        """Claim again after `park` (a rollback to this version: no cold start)."""
-        if not self.parked or self._draining.is_set():
-            return
-        self.parked = False
-        self.state = "ready" if self.cold_start_s is not None else "starting"
-        self._holding.clear()
-        self._resumed.set()
-        # Say so now, not a beat later: the scaler counts it ready before it starts another.
-        self._beat_now = asyncio.get_running_loop().create_task(self._heartbeat_once())
+        """Claim again after `park` (a rollback to this version: no cold start); it says so at once,
+        not a beat later, so the scaler counts it ready before it starts another."""
+        if self.parked and not self._draining.is_set():
+            self.parked, self.state = False, "ready" if self.cold_start_s is not None else "starting"
+            self._holding.clear()
+            self._resumed.set()
+            self._beat_now = asyncio.get_running_loop().create_task(self._heartbeat_once())
 
     # --- claiming -------------------------------------------------------------
 
@@ -218,6 +217,7 @@ class Worker:
         parts: list[str] = []
         prompt_tokens = completion_tokens = 0
         useful = False  # only a completion this worker recorded, within its deadline, is useful
+        ended: bool | None = None  # for judging its version: ok, an error, or neither (cancelled, caller's fault)
         finish_reason = "stop"
         if stream:
             self.streams.open(c.lease, c.rid, c.owner, c.attempt)
@@ -248,12 +248,13 @@ class Worker:
                 done["x"] = "".join(parts)
             if await self._finish(c, "completed", done,
                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
-                useful = True
+                useful = ended = True
                 self.completed += 1
                 metrics.TTFT.labels(self.tier).observe(ttft)
                 if completion_tokens > 1:  # one token has no time per output token
                     metrics.TPOT.labels(self.tier).observe(tpot)
         except TimeoutError:
+            ended = False
             await self.engine.abort(req.request_id)
             await self._finish(c, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
                                                       "msg": "deadline passed while the request was running"})
@@ -270,6 +271,7 @@ class Worker:
             # The engine refusing the request itself (too long for the context, ...) is the
             # caller's fault: a 400 it must not retry. Anything else is the fleet's: 502.
             status = 400 if e.type == "invalid_request_error" else 502
+            ended = None if status == 400 else False
             if e.code == "engine_dead" and self.failed is None:
                 # Nothing more will run here: stop claiming and exit non-zero, so the
                 # supervisor replaces the replica instead of it failing every request.
@@ -279,6 +281,7 @@ class Worker:
             await self._finish(c, "failed", {"t": "err", "status": status, "type": e.type,
                                                      "code": e.code or e.type, "msg": str(e)})
         except Exception as e:  # an engine bug must not take the replica down with it
+            ended = False
             log.exception("request %s failed in the engine", c.rid)
             await self.engine.abort(req.request_id)
             await self._finish(c, "failed", {"t": "err", "status": 502, "type": "engine_error",
@@ -293,6 +296,8 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
                                                 completion_tokens, useful=useful)
+                if ended is not None:
+                    await record_outcome(self.redis, self.line.keys, self.version, ended, t_first - t0)
 
     async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not
@@ -400,8 +405,7 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis
     return 1 if worker.failed else 0
 
 
-async def _first(*waits: Any) -> None:
-    """Until the first of `waits` (coroutines) completes; the others are cancelled."""
+async def _first(*waits: Any) -> None:  # until the first of `waits` completes; the others are cancelled
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -136,6 +136,12 @@ class TierKeys:
         (`fleet.store.model_registry`)."""
         return self._k("models:history")
 
+    @property
+    def version_outcomes(self) -> str:
+        """STREAM (capped) of finished calls by model version: ok or not, TTFT; what a promotion
+        is judged on (`fleet.store.version_outcomes`)."""
+        return self._k("models:outcomes")
+
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
         return self._k(f"req:{rid}")
