@@ -150,8 +150,9 @@ def test_promote_under_load_replaces_every_replica_then_rollback_brings_them_bac
     assert 2 <= len(starts) <= 2 * FLOOR, starts
     assert [e["reason"] for e in ev if e.get("event") == "rollout_done"] == [
         "promote to v2: every replica runs v2", "rollback to v1: every replica runs v1"]
-    hist = fleet_cmd(f, "models", "history", TIER).stdout.splitlines()
-    assert [line.split()[2] for line in hist] == ["seed", "promote", "rollout_done", "rollback", "rollout_done"]
+    hist = [line.split()[2] for line in fleet_cmd(f, "models", "history", TIER).stdout.splitlines()]
+    # (v2 may be judged, and kept, if the machine is slow enough for its window to pass first)
+    assert [a for a in hist if a != "judged"] == ["seed", "promote", "rollout_done", "rollback", "rollout_done"]
 
 
 def test_a_standby_finishes_a_rollout_the_leader_left_without_acting_on_it_twice(rfleet: Fleet) -> None:
@@ -242,3 +243,35 @@ def test_the_previous_version_stays_warm_and_a_rollback_within_the_grace_resumes
     wait_until(lambda: f.counters(TIER).get("completed", 0) >= sent, 60, what="every call served")
     c = f.counters(TIER)
     assert (c.get("failed", 0), c.get("expired", 0), c["completed"]) == (0, 0, sent), c
+
+
+def test_a_slow_canary_is_rolled_back_automatically_with_its_reason(rfleet: Fleet) -> None:
+    """v3's first token takes several times v1's: promoted as a canary of one under load, it is
+    judged on TTFT p99 against v1, undone by the scaler, and every replica ends at v1."""
+    f = rfleet
+    start_scaler(f)
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    with Load(f) as load:
+        wait_until(lambda: f.counters(TIER).get("completed", 0) >= 20, 30, what="v1 measured under load")
+        fleet_cmd(f, "promote", TIER, "v3", "--canary", "1", "--why", "try v3")
+        most_v3 = 0
+        end = time.monotonic() + 60
+        while not any(e.get("event") == "auto_rollback" for e in events(f)):
+            assert time.monotonic() < end, events(f)
+            most_v3 = max(most_v3, sum(1 for b in beats(f).values()
+                                       if b["version"] == "v3" and b["state"] != "draining"))
+            time.sleep(0.05)
+        assert most_v3 == 1  # the canary: one replica on trial, the rest stayed at v1
+        wait_until(lambda: rolled_to(f, "v1"), 60, what="every replica back at v1")
+    sent = load.sent
+    wait_until(lambda: f.counters(TIER).get("completed", 0) >= sent, 60, what="every call served")
+    c = f.counters(TIER)
+    assert (c.get("failed", 0), c.get("expired", 0)) == (0, 0), c
+
+    (why,) = [e["reason"] for e in events(f) if e.get("event") == "auto_rollback"]
+    assert why.startswith("v3 -> v1: TTFT p99 ") and "x 1.5" in why, why
+    show = fleet_cmd(f, "models", "show", TIER).stdout
+    assert "live v1" in show and "auto_rollback v3 -> v1" in show
+    hist = fleet_cmd(f, "models", "history", TIER).stdout.splitlines()
+    auto = [line for line in hist if " auto_rollback " in line]
+    assert len(auto) == 1 and "automatic: v3 is worse: TTFT p99" in auto[0] and "by scaler-" in auto[0]
