@@ -5,6 +5,8 @@ reasons and outcomes are fixed sets). Each process exposes the ones it feeds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import Counter, Gauge, Histogram
 
 # Buckets that resolve a p99 from 5 ms to 60 s.
@@ -28,7 +30,8 @@ OLDEST_WAIT = Gauge("fleet_oldest_wait_seconds", "Wait of the oldest request in 
 DRAIN = Gauge("fleet_seconds_to_drain", "Requests waiting / served per second (the scaling signal).", ["tier"])
 ARRIVAL_RATE = Gauge("fleet_arrival_rate", "Admitted requests per second over the rate window.", ["tier"])
 SERVICE_RATE = Gauge("fleet_service_rate", "Completed requests per second over the rate window.", ["tier"])
-REPLICAS = Gauge("fleet_replicas", "Replicas by state (starting, ready, draining).", ["tier", "state"])
+REPLICAS = Gauge("fleet_replicas", "Replicas by model version and state (starting, ready, draining).",
+                 ["tier", "version", "state"])
 # The configured bounds, so dashboards can draw the line, replicas and drain time against them.
 WARM_FLOOR = Gauge("fleet_warm_floor", "Configured warm floor (replicas kept warm when idle).", ["tier"])
 MAX_REPLICAS = Gauge("fleet_max_replicas", "Configured replica ceiling before any budget cap.", ["tier"])
@@ -53,3 +56,17 @@ BUDGET = Gauge("fleet_budget_usd", "Dollar budget by window.", ["tier", "window"
 PROJECTED_SPEND = Gauge("fleet_projected_spend_usd", "Spent so far plus current burn over the rest of the window.",
                         ["tier", "window"])
 COST_PER_MTOK = Gauge("fleet_cost_per_million_tokens_usd", "Dollars per million useful tokens.", ["tier"])
+
+_replica_series: dict[str, set[tuple[str, str]]] = {}
+
+
+def set_replicas(tier: str, by_version: Mapping[str, Mapping[str, int]]) -> None:
+    """fleet_replicas{tier,version,state} from counts per version and state; a version no longer
+    running is removed, not left at its last count (versions come and go with promotions)."""
+    now = {(v, s) for v, states in by_version.items() for s in states}
+    for v, s in _replica_series.get(tier, set()) - now:
+        REPLICAS.remove(tier, v, s)
+    for v, states in by_version.items():
+        for s, n in states.items():
+            REPLICAS.labels(tier, v, s).set(n)
+    _replica_series[tier] = now

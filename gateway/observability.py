@@ -28,8 +28,9 @@ from fleet import metrics as m
 from fleet.config import CLASSES, FleetConfig
 from fleet.governor import set_budget_gauges
 from fleet.observe import read_tier
-from fleet.policy import arrival_rate, drain_s, service_rate
+from fleet.policy import arrival_rate, drain_s, replicas_by_version, service_rate
 from fleet.store.line import Line
+from fleet.store.model_registry import read_record
 
 router = APIRouter()
 SCRAPE_REFRESH_S = 2.0  # the gauges' refresh from Redis may take this long per scrape
@@ -48,8 +49,8 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     m.ARRIVAL_RATE.labels(tier).set(arrival_rate(obs))
     m.SERVICE_RATE.labels(tier).set(service_rate(obs))
     m.IN_FLIGHT.labels(tier).set(obs.in_flight)
-    for state, n in obs.replicas.by_state.items():
-        m.REPLICAS.labels(tier, state).set(n)
+    rec = await read_record(line.redis, line.keys)  # None before anything seeded the registry
+    m.set_replicas(tier, replicas_by_version(obs.replicas.members, rec.live if rec else tc.version))
     m.WARM_FLOOR.labels(tier).set(tc.warm_floor)
     m.MAX_REPLICAS.labels(tier).set(tc.max_replicas)
     m.DRAIN_THRESHOLD.labels(tier).set(tc.drain_threshold_s)

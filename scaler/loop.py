@@ -46,6 +46,7 @@ from fleet.policy import (
     initial_calibration,
     modelled_startup_s,
     prewarm_lead_s,
+    replicas_by_version,
     scale_in_victims,
     scaling_state,
     startup_estimate,
@@ -234,8 +235,7 @@ class Scaler:
             note += f"; replaces {', '.join(replaced)}"
 
         metrics.SCALE_DECISIONS.labels(tier, d.action, d.code).inc()
-        for st, n in reps.by_state.items():
-            metrics.REPLICAS.labels(tier, st).set(n)
+        metrics.set_replicas(tier, replicas_by_version(reps.members, live))
         metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
         metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
         await self._publish(k, tier, d, note, now, prewarm, cap.startup_s, reps.by_state)

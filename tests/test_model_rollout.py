@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from redis.asyncio import Redis
@@ -198,6 +199,22 @@ def test_the_registry_survives_a_restart_of_every_part(rfleet: Fleet) -> None:
     assert "live v2, previous v1" in out
     hist = fleet_cmd(f, "models", "history", TIER).stdout
     assert hist.count("promote") == 1 and "before the restart" in hist
+
+    f.kill_worker(rid, signal.SIGTERM)
+    wait_until(lambda: versions(f) == ["v2", "v2"] and len(beats(f)) == 2, 60, what="back to the floor at v2")
+    # Shown everywhere, and the same after the gateway restarts: status, `fleet status`, metrics.
+    for _ in range(2):
+        gw = f.start_gateway().procs[-1]
+        admin = {"authorization": "Bearer sk-admin"}
+        doc = httpx.get(f"{f.base_url}/v1/fleet/status", headers=admin, timeout=10).json()["tiers"][TIER]
+        assert doc["model"]["live"] == "v2" and doc["model"]["previous"] == "v1"
+        assert doc["versions"]["v2"]["ready"] == 2 and {r["version"] for r in doc["replica_detail"]} == {"v2"}
+        table = fleet_cmd(f, "status", "--url", f.base_url, "--api-key", "sk-admin").stdout
+        assert "v2" in table
+        metrics = httpx.get(f"{f.base_url}/metrics", headers=admin, timeout=10).text
+        assert 'fleet_replicas{state="ready",tier="routing",version="v2"} 2.0' in metrics
+        gw.send_signal(signal.SIGTERM)
+        gw.wait(30)
 
 
 def _config_with(tmp_path: Path, **rollout: Any) -> Path:

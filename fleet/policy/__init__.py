@@ -70,6 +70,7 @@ from fleet.policy.rollout import (
     drain_first,
     judge_rollout,
     p99,
+    replicas_by_version,
     rollout_step,
 )
 from fleet.policy.scaling import (
@@ -154,6 +155,7 @@ __all__ = [
     "queue_wait_s",
     "rate",
     "replica_concurrency",
+    "replicas_by_version",
     "replicas_for",
     "rollout_step",
     "scale_in_victims",

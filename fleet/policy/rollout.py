@@ -78,6 +78,15 @@ def rollout_step(members: Iterable[ObservedReplica], live: str, *, floor: int, t
     return RolloutStep("start", None, f"rollout to {live}: one new replica ({len(old)} at older versions left)")
 
 
+def replicas_by_version(members: Iterable[ObservedReplica], live: str) -> dict[str, dict[str, int]]:
+    """Replicas per version and state, every state present; the live version always listed."""
+    out: dict[str, dict[str, int]] = {live: {"starting": 0, "ready": 0, "draining": 0}}
+    for r in members:
+        out.setdefault(r.version, {"starting": 0, "ready": 0, "draining": 0})
+        out[r.version][r.state] = out[r.version].get(r.state, 0) + 1
+    return out
+
+
 def drain_first(members: Iterable[ObservedReplica], live: str, eligible: set[str]) -> set[str]:
     """Which replicas a scale-in may pick during a rollout: those at an older version when there
     are any (the rollout would replace them anyway), else all it was allowed."""
