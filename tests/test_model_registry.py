@@ -93,14 +93,18 @@ def test_promote_and_rollback_keep_the_known_good_and_the_history_says_who_when_
         back = await rollback(r, k, by="bob", why="bad answers")
         assert back is not None and back.live == "v1" and back.previous is None
         assert back.rollout is not None and back.rollout.kind == "rollback" and back.rollout.to_version == "v1"
-        await promote(r, k, "v3", by="alice")
-        to = await rollback(r, k, by="bob", to="v2")
-        assert to is not None and to.live == "v2" and to.previous == "v1"  # v1 is still known good
+        on_trial = await promote(r, k, "v3", by="alice")
+        assert on_trial.previous == "v1"
+        # v3 still on trial (not judged): promoting over it keeps v1 as the known-good.
+        over = await promote(r, k, "v2", by="carol")
+        assert over.live == "v2" and over.previous == "v1"
+        to = await rollback(r, k, by="bob", to="v3")
+        assert to is not None and to.live == "v3" and to.previous == "v1"  # v1 is still known good
 
         hist = await read_history(r, k)
         assert [(h.action, h.previous, h.version, h.by) for h in hist] == [
             ("seed", "", "v1", "config"), ("promote", "v1", "v2", "alice"), ("rollback", "v2", "v1", "bob"),
-            ("promote", "v1", "v3", "alice"), ("rollback", "v3", "v2", "bob")]
+            ("promote", "v1", "v3", "alice"), ("promote", "v3", "v2", "carol"), ("rollback", "v2", "v3", "bob")]
         assert hist[1].why == "new weights" and hist[2].why == "bad answers"
         assert [h.generation for h in hist] == sorted({h.generation for h in hist})  # one generation each
         await r.aclose()

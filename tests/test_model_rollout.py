@@ -27,6 +27,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
+from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
 from tests.harness import ROOT, Fleet, wait_until
@@ -50,8 +51,9 @@ def rfleet(redis_url: str) -> Iterator[Fleet]:
                     os.kill(rec["pid"], signal.SIGKILL)
 
 
-def start_scaler(f: Fleet) -> subprocess.Popen[bytes]:
-    return f.spawn("scaler", "--tick", "0.25", "--lease", "2", "--metrics-port", "0", "--stop-replicas-on-exit")
+def start_scaler(f: Fleet, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+    return f.spawn("scaler", "--tick", "0.25", "--lease", "2", "--metrics-port", str(metrics_port),
+                   "--stop-replicas-on-exit")
 
 
 def beats(f: Fleet) -> dict[str, dict[str, Any]]:
@@ -266,7 +268,8 @@ def test_a_slow_canary_is_rolled_back_automatically_with_its_reason(rfleet: Flee
     """v3's first token takes several times v1's: promoted as a canary of one under load, it is
     judged on TTFT p99 against v1, undone by the scaler, and every replica ends at v1."""
     f = rfleet
-    start_scaler(f)
+    port = free_port()
+    start_scaler(f, port)
     wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
     with Load(f) as load:
         wait_until(lambda: f.counters(TIER).get("completed", 0) >= 20, 30, what="v1 measured under load")
@@ -292,3 +295,6 @@ def test_a_slow_canary_is_rolled_back_automatically_with_its_reason(rfleet: Flee
     hist = fleet_cmd(f, "models", "history", TIER).stdout.splitlines()
     auto = [line for line in hist if " auto_rollback " in line]
     assert len(auto) == 1 and "automatic: v3 is worse: TTFT p99" in auto[0] and "by scaler-" in auto[0]
+    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert 'fleet_model_rollbacks_total{reason="ttft_p99",tier="routing"} 1.0' in scraped
+    assert 'fleet_replicas{state="ready",tier="routing",version="v1"}' in scraped

@@ -258,7 +258,8 @@ def _known(cur: ModelRecord | None, version: str) -> ModelRecord:
 
 async def promote(redis: Redis, keys: TierKeys, version: str, *, by: str, why: str = "",
                   canary: int | None = None) -> ModelRecord:
-    """Make `version` live: the live one becomes the previous known-good, and a rollout starts."""
+    """Make `version` live and start a rollout to it. The live one becomes the previous known-good,
+    unless it is itself a promotion still on trial (not judged): then the known-good stays."""
     now = time.time()
 
     def change(cur: ModelRecord | None) -> tuple[ModelRecord, str, str]:
@@ -268,7 +269,9 @@ async def promote(redis: Redis, keys: TierKeys, version: str, *, by: str, why: s
         gen = cur.generation + 1
         ro = Rollout(id=gen, kind="promote", from_version=cur.live, to_version=version, started=now, by=by,
                      canary=canary)
-        new = replace(cur, live=version, previous=cur.live, generation=gen, updated=now, rollout=ro)
+        on_trial = cur.rollout is not None and cur.rollout.kind == "promote" and not cur.rollout.judged
+        good = cur.previous if on_trial and cur.previous != version else cur.live
+        new = replace(cur, live=version, previous=good, generation=gen, updated=now, rollout=ro)
         return new, "promote", cur.live
 
     got = await _change(redis, keys, change, by, why or f"promote to {version}")
