@@ -298,3 +298,38 @@ def test_a_slow_canary_is_rolled_back_automatically_with_its_reason(rfleet: Flee
     scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     assert 'fleet_model_rollbacks_total{reason="ttft_p99",tier="routing"} 1.0' in scraped
     assert 'fleet_replicas{state="ready",tier="routing",version="v1"}' in scraped
+
+
+def test_scaling_goes_on_during_a_rollout_and_counts_both_versions(rfleet: Fleet) -> None:
+    """A burst while a canary is judged: the scaler scales out as it would otherwise, counting the
+    replicas of both versions, and every replica it adds runs the live (new) version."""
+    f = rfleet
+    start_scaler(f)
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    fleet_cmd(f, "promote", TIER, "v2", "--canary", "1")
+    wait_until(lambda: versions(f) == ["v1", "v1", "v2"], 60, what="the canary ready beside v1")
+    before = set(beats(f))
+    # The scaler counts the three, of both versions, as its ready replicas.
+    wait_until(lambda: f.r.hget(f.keys(TIER).scaler, "ready") == b"3", 10, what="3 ready counted")
+    t_burst = time.time()
+
+    async def burst() -> None:
+        r = Redis.from_url(f.redis_url)
+        line = Line(r, f.namespace, TIER, rate_window_s=4.0)
+        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 20})
+        await asyncio.gather(*(line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 60_000)
+                               for _ in range(80)))
+        await r.aclose()
+
+    asyncio.run(burst())
+    added: dict[str, str] = {}
+    end = time.monotonic() + 90
+    while f.counters(TIER).get("completed", 0) < 80:
+        assert time.monotonic() < end, "the burst was not served"
+        added.update({rid: b["version"] for rid, b in beats(f).items() if rid not in before})
+        time.sleep(0.05)
+    outs = [e for e in events(f) if e.get("action") == "scale_out" and float(e["at"]) >= t_burst]
+    assert outs, events(f)
+    assert added and set(added.values()) == {"v2"}, added  # what it adds runs the live version
+    c = f.counters(TIER)
+    assert (c.get("failed", 0), c.get("expired", 0)) == (0, 0), c
