@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from fleet.config import ConfigError, FleetConfig, load_config
 from fleet.store.keys import TierKeys
@@ -83,7 +84,7 @@ def _run(config_path: str | None, tier: str | None, act: Callable[[FleetConfig, 
         return asyncio.run(go())
     except RegistryError as e:
         _fail(str(e), 1)
-    except (ConnectionError, OSError) as e:
+    except (RedisError, OSError) as e:
         _fail(f"cannot reach Redis: {e}", 1)
     raise AssertionError("unreachable")
 

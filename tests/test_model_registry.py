@@ -174,6 +174,8 @@ def test_the_command_lists_shows_promotes_rolls_back_and_prints_the_history(redi
     assert "rollback" in lines[2] and "v2 -> v1" in lines[2]
     bad = _fleet(redis_url, ns, "rollback", TIER, "--to", "v1")
     assert bad.returncode == 1 and "already live" in bad.stderr
+    away = _fleet("redis://127.0.0.1:1", ns, "models", "list")  # nothing listens there
+    assert away.returncode == 1 and "cannot reach Redis" in away.stderr and "Traceback" not in away.stderr
 
 
 ADMIN = {"authorization": "Bearer sk-admin"}
