@@ -21,11 +21,19 @@ from redis.asyncio import Redis
 
 from fleet import metrics
 from fleet.config import FleetConfig
-from fleet.policy import ScaleDecision, TierObservation, VersionStats, drain_first, judge_rollout, rollout_step
+from fleet.policy import (
+    Outcome,
+    ScaleDecision,
+    TierObservation,
+    drain_first,
+    judge_rollout,
+    rollout_step,
+    version_stats,
+)
 from fleet.store import scaler_state
 from fleet.store.keys import TierKeys
 from fleet.store.model_registry import ModelRecord, Rollout, ensure_seeded, finish_rollout, read_record, rollback
-from fleet.store.version_outcomes import version_stats
+from fleet.store.version_outcomes import read_outcomes
 from scaler.supervisor import Supervisor
 
 log = logging.getLogger("fleet.scaler.rollout")
@@ -38,6 +46,8 @@ class Rollouts:
         self.supervisor = supervisor
         self.scaler_id = scaler_id
         self.records: dict[str, ModelRecord] = {}
+        # Per tier, the calls read so far for the promotion being judged: (rollout id, read on after, calls).
+        self.outcomes: dict[str, tuple[int, str | None, list[Outcome]]] = {}
 
     def keys(self, tier: str) -> TierKeys:
         return TierKeys(self.cfg.namespace, tier)
@@ -64,12 +74,18 @@ class Rollouts:
         window before and since (`fleet.policy.judge_rollout`): undo it if worse, saying why in
         the decision stream, a metric and the log; mark it judged when the window passes."""
         k, rc, now = self.keys(tier), self.cfg.tiers[tier].rollout, time.time()
-        none = VersionStats(0, 0, None)
-        new = (await version_stats(self.redis, k, ro.started)).get(ro.to_version, none)
-        old = (await version_stats(self.redis, k, ro.started - rc.judge_window_s)).get(ro.from_version, none)
-        v = judge_rollout(new, old, rc, now - ro.started)
+        since = ro.started - rc.judge_window_s  # the old version: the window before the promotion, and since
+        of, after, calls = self.outcomes.get(tier) or (ro.id, None, [])
+        if of != ro.id:
+            after, calls = None, []
+        got, last = await read_outcomes(self.redis, k, since_s=since, after=after)  # only what is new
+        calls.extend(got)
+        self.outcomes[tier] = (ro.id, last or after, calls)
+        v = judge_rollout(version_stats(calls, ro.to_version, ro.started), version_stats(calls, ro.from_version, since),
+                          rc, now - ro.started)
         if v.verdict == "wait":
             return rec
+        self.outcomes.pop(tier, None)
         if v.verdict == "rollback" and rc.auto_rollback:
             back = await rollback(self.redis, k, by=self.scaler_id, to=ro.from_version, automatic=True,
                                   of_rollout=ro.id, why=f"automatic: {ro.to_version} is worse: {v.reason}")

@@ -252,3 +252,27 @@ def test_a_bad_version_in_the_config_names_the_field(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as e:
             load_config(p)
         assert says in str(e.value), str(e.value)
+
+
+def test_outcomes_by_version_are_read_on_from_where_the_reader_stopped(redis_url: str) -> None:
+    from fleet.store.version_outcomes import read_outcomes, record_outcome
+
+    cfg = _cfg()
+    k = TierKeys(cfg.namespace, TIER)
+
+    async def go() -> None:
+        r = Redis.from_url(redis_url)
+        t0 = (await r.time())[0] - 1  # the Redis clock stamps the entries
+        await record_outcome(r, k, "v1", True, 0.25)
+        await record_outcome(r, k, "v2", False, 9.0)
+        first, after = await read_outcomes(r, k, since_s=t0)
+        assert [(o.version, o.ok, o.ttft_s) for o in first] == [("v1", True, 0.25), ("v2", False, None)]
+        assert all(t0 <= o.at <= t0 + 30 for o in first)
+        await record_outcome(r, k, "v2", True, 0.5)
+        more, after2 = await read_outcomes(r, k, since_s=t0, after=after)
+        assert [(o.version, o.ttft_s) for o in more] == [("v2", 0.5)] and after2 != after
+        assert await read_outcomes(r, k, since_s=t0, after=after2) == ([], None)
+        assert await read_outcomes(r, k, since_s=t0 + 3600) == ([], None)  # nothing that recent
+        await r.aclose()
+
+    run(go())

@@ -79,3 +79,14 @@ def test_p99_is_the_nearest_rank() -> None:
     assert p99([0.5]) == 0.5
     assert p99([float(i) for i in range(1, 101)]) == 99.0
     assert p99([float(i) for i in range(1, 11)]) == 10.0
+
+
+def test_version_stats_count_one_version_since_a_time() -> None:
+    from fleet.policy import Outcome, version_stats
+
+    calls = [Outcome(10.0, "v1", True, 0.1), Outcome(11.0, "v2", True, 0.5), Outcome(12.0, "v2", False, None),
+             Outcome(13.0, "v1", False, None), Outcome(14.0, "v2", True, 0.3)]
+    s = version_stats(calls, "v2", since=11.5)
+    assert (s.calls, s.errors, s.ttft_p99_s) == (2, 1, 0.3)
+    assert version_stats(calls, "v1", since=0) == VersionStats(2, 1, 0.1)
+    assert version_stats(calls, "v3", since=0) == VersionStats(0, 0, None)

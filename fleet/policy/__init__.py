@@ -64,6 +64,7 @@ from fleet.policy.observation import (
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
 from fleet.policy.rollout import (
+    Outcome,
     RolloutStep,
     Verdict,
     VersionStats,
@@ -72,6 +73,7 @@ from fleet.policy.rollout import (
     p99,
     replicas_by_version,
     rollout_step,
+    version_stats,
 )
 from fleet.policy.scaling import (
     ScaleDecision,
@@ -110,6 +112,7 @@ __all__ = [
     "BudgetView",
     "Calibration",
     "ObservedReplica",
+    "Outcome",
     "Prewarm",
     "PrewarmOrder",
     "Replicas",
@@ -170,6 +173,7 @@ __all__ = [
     "tier_has_budget",
     "token_burn_since",
     "token_burn_usd_per_s",
+    "version_stats",
     "waiting",
     "wedged",
 ]

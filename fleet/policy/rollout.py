@@ -98,6 +98,16 @@ def drain_first(members: Iterable[ObservedReplica], live: str, eligible: set[str
 
 
 @dataclass(frozen=True, slots=True)
+class Outcome:
+    """One finished call, as the worker recorded it."""
+
+    at: float  # epoch seconds (Redis clock)
+    version: str
+    ok: bool
+    ttft_s: float | None  # for an ok call
+
+
+@dataclass(frozen=True, slots=True)
 class VersionStats:
     """One version's calls over the judging window."""
 
@@ -111,6 +121,13 @@ class Verdict:
     verdict: Literal["rollback", "keep", "wait"]
     reason: str
     code: str  # error_rate | ttft_p99 | window_passed | too_few_calls | judging
+
+
+def version_stats(outcomes: Iterable[Outcome], version: str, since: float) -> VersionStats:
+    """`version`'s calls finished at or after `since`: how many, how many failed, the TTFT p99."""
+    mine = [o for o in outcomes if o.version == version and o.at >= since]
+    return VersionStats(calls=len(mine), errors=sum(not o.ok for o in mine),
+                        ttft_p99_s=p99(o.ttft_s for o in mine if o.ok and o.ttft_s is not None))
 
 
 def judge_rollout(new: VersionStats, old: VersionStats, cfg: RolloutConfig, elapsed_s: float) -> Verdict:
