@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import orjson
@@ -37,7 +37,7 @@ from fleet.store.model_registry import (
 T = TypeVar("T")
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = 2) -> NoReturn:
     click.echo(f"fleet: {msg}", err=True)
     sys.exit(code)
 
@@ -86,7 +86,6 @@ def _run(config_path: str | None, tier: str | None, act: Callable[[FleetConfig, 
         _fail(str(e), 1)
     except (RedisError, OSError) as e:
         _fail(f"cannot reach Redis: {e}", 1)
-    raise AssertionError("unreachable")
 
 
 async def _record(cfg: FleetConfig, r: Redis, tier: str) -> ModelRecord:
