@@ -1,5 +1,6 @@
 """Rollouts live: the scaler with sim workers it starts itself (local processes), two versions
-with different sim profiles (tests/fleet-rollout.yaml), a steady load on the line throughout.
+with different sim profiles (tests/fleet-rollout.yaml), a steady load on the line throughout
+(and, in the first test, callers streaming through the gateway).
 
 A promotion replaces every replica one at a time with 0 failed calls and the ready never
 below the floor; a rollback brings every replica back; a standby that takes the lease in
@@ -105,6 +106,34 @@ class Load:
         self.thread.join(10)
 
 
+class Callers:
+    """Callers through the gateway from a thread, one streamed chat call after another until
+    stopped: what each got (the status, and whether the stream ended with [DONE])."""
+
+    def __init__(self, f: Fleet) -> None:
+        self.f, self.got = f, []  # type: ignore[var-annotated]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {"model": TIER, "messages": [{"role": "user", "content": "route this"}], "max_tokens": 8,
+                "stream": True}
+        with httpx.Client(base_url=self.f.base_url, timeout=60,
+                          headers={"authorization": "Bearer sk-agent"}) as c:
+            while not self.stop.is_set():
+                with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    text = r.read().decode()
+                self.got.append((r.status_code, text.rstrip().endswith("data: [DONE]") and '"error"' not in text))
+
+    def __enter__(self) -> Callers:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(70)
+
+
 def rolled_to(f: Fleet, version: str) -> bool:
     """Every live replica runs `version` (the drained ones have left) and the floor is ready."""
     b = beats(f)
@@ -126,9 +155,10 @@ def watch_floor(f: Fleet, until: Any, timeout: float, what: str) -> int:
 
 def test_promote_under_load_replaces_every_replica_then_rollback_brings_them_back(rfleet: Fleet) -> None:
     f = rfleet
+    f.start_gateway()
     start_scaler(f)
     wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
-    with Load(f) as load:
+    with Load(f) as load, Callers(f) as callers:
         wait_until(lambda: f.counters(TIER).get("completed", 0) >= 10, 30, what="the load being served")
         out = fleet_cmd(f, "promote", TIER, "v2", "--why", "faster decode")
         assert "v2 is live (was v1)" in out.stdout
@@ -141,10 +171,12 @@ def test_promote_under_load_replaces_every_replica_then_rollback_brings_them_bac
         fleet_cmd(f, "rollback", TIER, "--why", "back to v1")
         fewest = min(fewest, watch_floor(f, lambda: rolled_to(f, "v1"), 90, "every replica back at v1"))
         assert fewest >= FLOOR
-    sent = load.sent
+    sent = load.sent + len(callers.got)
     wait_until(lambda: f.counters(TIER).get("completed", 0) >= sent, 60, what="every call served")
     c = f.counters(TIER)
     assert (c.get("failed", 0), c.get("expired", 0), c["completed"]) == (0, 0, sent), c
+    # What the callers through the gateway saw: every stream whole, none refused or cut.
+    assert len(callers.got) >= 10 and all(status == 200 and whole for status, whole in callers.got), callers.got
 
     ev = events(f)
     starts = [e for e in ev if e.get("event") == "rollout_start"]
