@@ -92,7 +92,7 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
 def worker(tier: str, engine_name: str | None, replica_id: str | None, model_version: str | None, time_scale: float,
            metrics_port: int | None, metrics_host: str, config_path: str | None, verbose: bool) -> None:
     """Run one worker replica for a tier."""
-    from workers.worker import run_worker
+    from workers.run import run_worker
 
     _logging(verbose)
     cfg = _config(config_path)
