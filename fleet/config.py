@@ -203,6 +203,21 @@ class Budget(_Strict):
         return v
 
 
+class Preemption(_Strict):
+    """Higher classes taking a full tier's slots from lower ones (`fleet.policy.preemption`, docs/preemption.md)."""
+
+    enabled: bool = False
+    max_preemptions: int = Field(1, ge=0)  # per request; after that it runs to the end, so nothing starves
+    min_wait_ms: int = Field(10, ge=0)  # a waiter this young may still be claimed by a replica with a free slot
+    poll_ms: int = Field(20, gt=0)  # how often a full replica looks for a higher class waiting
+    reserved_slots: dict[str, int] = Field(default_factory=dict)  # per replica, kept for this class and above
+
+    @field_validator("reserved_slots")
+    @classmethod
+    def _known(cls, v: dict[str, int]) -> dict[str, int]:
+        return {k: int(n) for k, n in per_class_positive(v, "reserved slots").items()}  # type: ignore[arg-type]
+
+
 class TierConfig(_Strict):
     aliases: list[str] = Field(default_factory=list)
     engine: Literal["sim", "vllm", "openai"] = "sim"
@@ -227,6 +242,7 @@ class TierConfig(_Strict):
     sim: SimProfile = Field(default_factory=SimProfile)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     openai: OpenAIUpstream = Field(default_factory=OpenAIUpstream)
+    preemption: Preemption = Field(default_factory=Preemption)
 
     @field_validator("wait_limit_s")
     @classmethod

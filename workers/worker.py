@@ -29,6 +29,7 @@ from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
 from workers.engines.base import Engine, EngineError, EngineRequest
+from workers.preempting import Preemptor
 from workers.streaming import LeaseLost, StreamWriter
 
 log = logging.getLogger("fleet.worker")
@@ -61,6 +62,7 @@ class Worker:
         self.started_at = time.time()
         self._slot_freed = asyncio.Event()
         self._draining = asyncio.Event()
+        self.preemptor = Preemptor(self.line, self.tc, self.replica_id)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -134,10 +136,22 @@ class Worker:
             free = self.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                if not self.preemptor.enabled:
+                    await self._slot_freed.wait()
+                    continue
+                # Full: look for a higher class waiting each poll (docs/preemption.md).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), self.preemptor.poll_s)
+                if not self._slot_freed.is_set() and not self._draining.is_set():
+                    try:
+                        await self.preemptor.check(self.concurrency, self.active)
+                    except Exception:  # Redis away: what runs keeps running
+                        log.exception("preemption check failed")
+                        await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
                 continue
             try:
-                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s)
+                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s,
+                                                self.preemptor.caps(self.concurrency))
             except Exception:  # Redis away: keep what runs, try again shortly
                 log.exception("claim failed; retrying")
                 await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
@@ -190,6 +204,7 @@ class Worker:
         finish_reason = "stop"
         if stream:
             self.streams.open(c.lease, c.rid, c.owner, c.attempt)
+        attempt = self.preemptor.track(c)  # what a preemption choice reads: class, progress, sent
         try:
             async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)), \
                     contextlib.aclosing(self.engine.generate(req)) as deltas:  # the engine frees its KV now
@@ -199,10 +214,12 @@ class Worker:
                         t_first = now
                     t_last = now
                     prompt_tokens, completion_tokens = d.prompt_tokens, d.completion_tokens
+                    attempt.progress = completion_tokens
                     if d.finish_reason:
                         finish_reason = d.finish_reason
                     if stream:
                         if d.text:
+                            attempt.sent = True
                             self.streams.push(c.lease, d.text)
                     else:
                         parts.append(d.text)
@@ -258,10 +275,12 @@ class Worker:
                 self.active.pop(c.rid, None)
                 self.owners.pop(c.rid, None)
             self._slot_freed.set()
-            # Every token generated is charged, useful or not (late, failed, cancelled).
-            with contextlib.suppress(Exception):
-                await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
-                                                completion_tokens, useful=useful)
+            # Every token generated is charged, useful or not (late, failed, cancelled), except a
+            # preempted attempt's: it runs again, and only the attempt that ends it counts.
+            if not self.preemptor.untrack(c.rid, attempt):
+                with contextlib.suppress(Exception):
+                    await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
+                                                    completion_tokens, useful=useful)
 
     async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not

@@ -18,7 +18,9 @@ ceiling itself. The modules, each importing only those above it:
 - `calibration`: capacity expected vs seen (start-up, throughput);
 - `tier_budget`: the tier budget governor's math (windows, projected spend,
   the budget ceiling, exhausted or not, token burn, cost per useful token);
-- `key_budget`: what a call costs an API key.
+- `key_budget`: what a call costs an API key;
+- `preemption`: which running request gives its slot to a higher class, and the
+  slots a replica keeps for higher classes.
 """
 
 from fleet.policy.admission import (
@@ -59,6 +61,7 @@ from fleet.policy.observation import (
     service_rate,
     waiting,
 )
+from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
 from fleet.policy.scaling import (
@@ -101,11 +104,13 @@ __all__ = [
     "Prewarm",
     "PrewarmOrder",
     "Replicas",
+    "RunningRequest",
     "ScaleDecision",
     "ServiceForecast",
     "TierCapacity",
     "TierObservation",
     "TierState",
+    "WaitingRequest",
     "active_prewarm",
     "active_windows",
     "admission_forecast",
@@ -118,6 +123,8 @@ __all__ = [
     "calibrate",
     "calibrated_capacity",
     "ceiling_of",
+    "choose_victim",
+    "claim_caps",
     "cost_per_million_tokens",
     "cost_per_useful_million",
     "decide",
