@@ -18,7 +18,8 @@ from tests.harness import TEST_CONFIG
 BG, SPEC, INT, COM = int(Priority.background), int(Priority.speculative), int(Priority.interactive), 0
 
 
-def _run(rid: str, rank: int, progress: int = 0, sent: bool = False, pre: int = 0, started: float = 0) -> RunningRequest:
+def _run(rid: str, rank: int, progress: int = 0, sent: bool = False, pre: int = 0,
+         started: float = 0) -> RunningRequest:
     return RunningRequest(rid, rank, progress, sent, pre, started)
 
 
@@ -65,7 +66,7 @@ def test_reserved_slots_name_a_known_class(tmp_path) -> None:  # type: ignore[no
     bad.write_text(TEST_CONFIG.read_text().replace("    slots: 4\n    lease_s: 1.0\n    scale_in_hold_s: 1\n",
                                                    "    slots: 4\n    lease_s: 1.0\n    scale_in_hold_s: 1\n"
                                                    "    preemption: {reserved_slots: {urgent: 1}}\n", 1))
-    with pytest.raises(ConfigError, match="preemption.reserved_slots"):
+    with pytest.raises(ConfigError, match=r"preemption\.reserved_slots"):
         load_config(bad)
     assert load_config(TEST_CONFIG).tiers["routing"].preemption.enabled is False
 
