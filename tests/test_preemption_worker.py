@@ -5,6 +5,7 @@ request still ends with exactly one outcome and its exact tokens, counted once."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 import time
 import uuid
@@ -187,3 +188,29 @@ def test_worker_sigkilled_while_preempting_loses_nothing(fleet: Fleet) -> None:
         assert r.hget(line_keys.request(rid), "outcome") == b"completed"
     c = fleet.counters(TIER)
     assert c["accepted"] == 3 == c["completed"]
+
+
+def test_callers_see_only_a_longer_wait_and_the_fleet_reports_the_preemption(fleet: Fleet) -> None:
+    import httpx
+
+    fleet.env_overrides[f"FLEET_TIERS__{TIER.upper()}__PREEMPTION__ENABLED"] = "true"
+    fleet.start_gateway()
+    fleet.start_worker(TIER)
+
+    def call(prio: str, max_tokens: int) -> httpx.Response:
+        return httpx.post(f"{fleet.base_url}/v1/completions", timeout=60, headers={"x-priority": prio},
+                          json={"model": TIER, "prompt": "digest the tape", "max_tokens": max_tokens})
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        bg = [pool.submit(call, "background", 300) for _ in range(2)]
+        wait_until(lambda: fleet.r.zcard(fleet.keys(TIER).inflight) == 2, 30, what="background running")
+        com = pool.submit(call, "committed", 8)
+        done = [f.result() for f in [com, *bg]]
+    for resp, n in zip(done, (8, 300, 300), strict=True):
+        assert resp.status_code == 200, resp.text  # no error for the victim: the same response
+        assert resp.json()["usage"]["completion_tokens"] == n
+    status = httpx.get(f"{fleet.base_url}/v1/fleet/status", timeout=10).json()["tiers"][TIER]
+    assert status["preemptions"]["total"] == 1 == status["preemptions"]["background"]
+    assert status["outcomes"]["completed"] == 3 == status["outcomes"]["accepted"]
+    metrics = httpx.get(f"{fleet.base_url}/metrics", timeout=10).text
+    assert f'fleet_preemptions_total{{class="background",tier="{TIER}"}} 1.0' in metrics
