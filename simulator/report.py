@@ -51,6 +51,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "arrived": o.arrived, "accepted": o.accepted, "completed": o.completed,
                 "shed": dict(sorted(o.shed.items())), "expired": o.expired_waiting + o.expired_running,
                 "expired_waiting": o.expired_waiting, "expired_running": o.expired_running,
+                "preempted": o.preempted,
                 "unfinished_at_end": unfinished,
                 "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
                 "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},

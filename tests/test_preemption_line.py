@@ -160,3 +160,36 @@ async def test_claim_caps_leave_reserved_slots_for_higher_classes(line: Line) ->
     (com,) = await _put(line, Priority.committed)
     got = await line.claim("w", 2, 5, caps=claim_caps(4, [BG, BG], {COM: 2}))
     assert [c.rid for c in got] == [com]
+
+
+# --- The simulator models preemption through the same policy function ------------------------
+
+def _saturated(preempt: bool) -> dict:  # type: ignore[type-arg]
+    tier = {"warm_floor": 2, "max_replicas": 2, "slots": 4, "hourly_usd": 1.0, "drain_threshold_s": 1000.0,
+            "wait_limit_s": {"committed": 300.0, "background": 3000.0},
+            "preemption": {"enabled": preempt, "max_preemptions": 1},
+            "sim": {"weights_gb": 1, "load_gb_s": 10, "warmup_s": 0, "decode_step": {"base_s": 0.02, "per_seq_s": 0.001},
+                    "kv_capacity_tokens": 200000}}
+    return {"start": "2026-11-30T09:00:00", "duration": "4m", "seed": 3, "fleet_config": "configs/fleet.yaml",
+            "fleet": {"tiers": {"planner": tier}},
+            "arrivals": [{"tier": "planner", "class": "background", "rate": 1.0, "prompt_tokens": 200,
+                          "output_tokens": 512, "deadline_ms": 3_000_000},
+                         {"tier": "planner", "class": "committed", "rate": 0.2, "prompt_tokens": 200,
+                          "output_tokens": 20, "deadline_ms": 300_000}]}
+
+
+def test_the_simulator_preempts_through_the_policy_and_reports_it() -> None:
+    from simulator.report import summarize
+    from simulator.run import simulate
+    from simulator.scenario import parse_scenario
+
+    runs = {p: simulate(parse_scenario(_saturated(p)), "fleet") for p in (False, True)}
+    with_, without = runs[True].tiers["planner"].outcomes, runs[False].tiers["planner"].outcomes
+    assert without[3].preempted == 0 and with_[3].preempted > 0
+    assert with_[0].preempted == 0  # nothing preempts committed work
+    # Committed calls no longer wait for a 512-token generation to end.
+    p50 = sorted(with_[0].waits)[len(with_[0].waits) // 2]
+    assert p50 < 0.5 < sorted(without[0].waits)[len(without[0].waits) // 2]
+    assert with_[0].completed == without[0].completed > 0
+    doc = summarize(runs[True])
+    assert doc["tiers"]["planner"]["classes"]["background"]["preempted"] == with_[3].preempted
