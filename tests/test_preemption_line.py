@@ -168,8 +168,8 @@ def _saturated(preempt: bool) -> dict:  # type: ignore[type-arg]
     tier = {"warm_floor": 2, "max_replicas": 2, "slots": 4, "hourly_usd": 1.0, "drain_threshold_s": 1000.0,
             "wait_limit_s": {"committed": 300.0, "background": 3000.0},
             "preemption": {"enabled": preempt, "max_preemptions": 1},
-            "sim": {"weights_gb": 1, "load_gb_s": 10, "warmup_s": 0, "decode_step": {"base_s": 0.02, "per_seq_s": 0.001},
-                    "kv_capacity_tokens": 200000}}
+            "sim": {"weights_gb": 1, "load_gb_s": 10, "warmup_s": 0, "kv_capacity_tokens": 200000,
+                    "decode_step": {"base_s": 0.02, "per_seq_s": 0.001}}}
     return {"start": "2026-11-30T09:00:00", "duration": "4m", "seed": 3, "fleet_config": "configs/fleet.yaml",
             "fleet": {"tiers": {"planner": tier}},
             "arrivals": [{"tier": "planner", "class": "background", "rate": 1.0, "prompt_tokens": 200,
