@@ -126,6 +126,7 @@ class VllmSettings(_Strict):
     dtype: str = "auto"
     enforce_eager: bool = False
     warmup_tokens: int = Field(4, ge=0)
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"  # priority: committed first within the batch
 
 
 class OpenAIUpstream(_Strict):

@@ -18,6 +18,11 @@ from fleet.policy import RunningRequest, WaitingRequest, choose_victim, claim_ca
 from fleet.store.line import Claimed, Line
 
 
+def attempt_rank(priority: str) -> int:
+    """A class name's rank (0 committed .. 3 background); an unknown name ranks as background."""
+    return int(Priority[priority]) if priority in Priority.__members__ else int(Priority.background)
+
+
 @dataclass(slots=True)
 class Attempt:
     """One running attempt, updated by its `_serve` task as tokens come."""
@@ -51,7 +56,7 @@ class Preemptor:
         return self.settings.poll_ms / 1000
 
     def track(self, c: Claimed) -> Attempt:
-        a = Attempt(lease=c.lease, owner=c.owner, rank=int(Priority[c.priority]), preemptions=c.preempted)
+        a = Attempt(lease=c.lease, owner=c.owner, rank=attempt_rank(c.priority), preemptions=c.preempted)
         self.attempts[c.rid] = a
         return a
 

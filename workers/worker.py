@@ -29,7 +29,7 @@ from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
 from workers.engines.base import Engine, EngineError, EngineRequest
-from workers.preempting import Preemptor
+from workers.preempting import Preemptor, attempt_rank
 from workers.streaming import LeaseLost, StreamWriter
 
 log = logging.getLogger("fleet.worker")
@@ -195,6 +195,7 @@ class Worker:
             messages=p.get("messages"), max_tokens=int(p.get("max_tokens", 16)),
             temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
             stop=list(p.get("stop") or []), seed=p.get("seed"), ignore_eos=bool(p.get("ignore_eos", False)),
+            priority=attempt_rank(c.priority),
         )
         t0 = time.monotonic()
         t_first = t_last = 0.0
