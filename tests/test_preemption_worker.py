@@ -214,3 +214,20 @@ def test_callers_see_only_a_longer_wait_and_the_fleet_reports_the_preemption(fle
     assert status["outcomes"]["completed"] == 3 == status["outcomes"]["accepted"]
     metrics = httpx.get(f"{fleet.base_url}/metrics", timeout=10).text
     assert f'fleet_preemptions_total{{class="background",tier="{TIER}"}} 1.0' in metrics
+
+
+async def test_reserved_slots_keep_a_slot_free_for_committed_work_without_preempting(redis_url: str) -> None:
+    cfg = load_config(TEST_CONFIG, namespace=f"t{uuid.uuid4().hex[:8]}")
+    cfg.tiers[TIER].preemption = Preemption(reserved_slots={"committed": 1})  # preemption itself off
+    redis = Redis.from_url(redis_url)
+    line = Line(redis, cfg.namespace, TIER)
+    async with _replicas(cfg, redis, 1):
+        bg = await _put(line, Priority.background, 200, 3)
+        await _until(lambda: _inflight(line, 1), "background running")
+        assert (await line.observe()).by_class[Priority.background] == 2  # one of two slots is held back
+        (com,) = await _put(line, Priority.committed, 8)
+        ended = await _done_at(redis, line, [com, *bg])
+    assert ended[com] < min(ended[b] for b in bg)
+    snap = await line.observe()
+    assert snap.counters.get("preempted", 0) == 0 and snap.counters["completed"] == 4
+    await redis.aclose()

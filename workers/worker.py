@@ -29,7 +29,7 @@ from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
 from workers.engines.base import Engine, EngineError, EngineRequest
-from workers.preempting import Preemptor, attempt_rank
+from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.streaming import LeaseLost, StreamWriter
 
 log = logging.getLogger("fleet.worker")
@@ -162,7 +162,8 @@ class Worker:
                     # old attempt is void (its lease is gone), the new one starts clean.
                     self._cancel(c.rid)
                 self.owners[c.rid] = c.owner
-                self.active[c.rid] = asyncio.create_task(self._serve(c))
+                # Tracked now, not when its task starts: the next claim's caps count it.
+                self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
             if not claimed:
                 waiter = asyncio.create_task(self.line.wait_for_work(1.0))
                 drain = asyncio.create_task(self._draining.wait())
@@ -175,7 +176,7 @@ class Worker:
 
     # --- serving --------------------------------------------------------------
 
-    async def _serve(self, c: Claimed) -> None:
+    async def _serve(self, c: Claimed, attempt: Attempt) -> None:
         """Run one claimed request on the engine and end it with exactly one outcome.
 
         Within the time left to its deadline: stream its tokens (through the
@@ -205,7 +206,6 @@ class Worker:
         finish_reason = "stop"
         if stream:
             self.streams.open(c.lease, c.rid, c.owner, c.attempt)
-        attempt = self.preemptor.track(c)  # what a preemption choice reads: class, progress, sent
         try:
             async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)), \
                     contextlib.aclosing(self.engine.generate(req)) as deltas:  # the engine frees its KV now
