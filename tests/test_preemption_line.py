@@ -93,7 +93,7 @@ async def test_victim_goes_back_to_the_head_of_its_class_in_arrival_order(line: 
     (com,) = await _put(line, Priority.committed)
     w = await line.peek_waiter()
     assert w is not None and w.rid == com and w.rank == 0
-    assert await line.preempt(com, bg[1], running[1].owner, max_preemptions=1, replica="w1")
+    assert await line.preempt(com, bg[1], running[1].owner, max_preemptions=1)
     # The old attempt's lease is gone: it can neither finish the request nor stream into it.
     assert not await line.finish(bg[1], "completed", {"t": "done"}, owner=running[1].owner)
     assert await line.emit([(bg[1], running[1].owner, {"t": "tok"}, True)]) == [0]
@@ -110,8 +110,8 @@ async def test_one_preemption_per_waiting_call_across_replicas(line: Line) -> No
     a = (await line.claim("A", 1, 5))[0]
     b = (await line.claim("B", 1, 5))[0]
     (com,) = await _put(line, Priority.committed)
-    results = await asyncio.gather(line.preempt(com, a.rid, a.owner, max_preemptions=1, replica="A"),
-                                   line.preempt(com, b.rid, b.owner, max_preemptions=1, replica="B"))
+    results = await asyncio.gather(line.preempt(com, a.rid, a.owner, max_preemptions=1),
+                                   line.preempt(com, b.rid, b.owner, max_preemptions=1))
     assert sorted(results) == [False, True]  # exactly one replica gave up a slot
     w = await line.peek_waiter()
     assert w is not None and w.rid in bg  # the committed call is marked; the next waiter is the victim
@@ -121,18 +121,32 @@ async def test_one_preemption_per_waiting_call_across_replicas(line: Line) -> No
     assert rids.count(com) == 1 and len(rids) == len(set(rids))
 
 
+async def test_peek_sees_only_classes_that_could_preempt_and_a_stale_mark_expires(line: Line) -> None:
+    await _put(line, Priority.background, 2)
+    a, _ = await line.claim("A", 2, 5)
+    await _put(line, Priority.background)
+    assert await line.peek_waiter(BG) is None  # nothing above background waits: nothing to look at
+    (com,) = await _put(line, Priority.committed)
+    assert (await line.peek_waiter(BG)).rid == com  # type: ignore[union-attr]
+    assert await line.preempt(com, a.rid, a.owner, max_preemptions=1, stale_s=0.2)
+    assert await line.peek_waiter(BG, stale_s=0.2) is None  # marked: no second preemption for it
+    # Its replica died before claiming it: once the mark is older than a lease, another may make room.
+    await asyncio.sleep(0.3)  # the mark's age is the point
+    assert (await line.peek_waiter(BG, stale_s=0.2)).rid == com  # type: ignore[union-attr]
+
+
 async def test_preempt_refuses_a_streamed_victim_a_lower_waiter_and_past_max(line: Line) -> None:
     await _put(line, Priority.interactive)
     await _put(line, Priority.background, 2)
     inter, bg0, bg1 = await line.claim("w", 3, 5)
     (spec,) = await _put(line, Priority.speculative)
-    assert not await line.preempt(spec, inter.rid, inter.owner, max_preemptions=3, replica="w")  # not lower
+    assert not await line.preempt(spec, inter.rid, inter.owner, max_preemptions=3)  # not lower
     await line.emit([(bg0.rid, bg0.owner, {"t": "tok", "x": "a"}, True)])
     (com,) = await _put(line, Priority.committed)
-    assert not await line.preempt(com, bg0.rid, bg0.owner, max_preemptions=3, replica="w")  # it streamed
-    assert not await line.preempt(com, bg1.rid, bg1.owner, max_preemptions=0, replica="w")  # past max
-    assert await line.preempt(com, bg1.rid, bg1.owner, max_preemptions=1, replica="w")
-    assert not await line.preempt(com, inter.rid, inter.owner, max_preemptions=1, replica="w")  # com is marked
+    assert not await line.preempt(com, bg0.rid, bg0.owner, max_preemptions=3)  # it streamed
+    assert not await line.preempt(com, bg1.rid, bg1.owner, max_preemptions=0)  # past max
+    assert await line.preempt(com, bg1.rid, bg1.owner, max_preemptions=1)
+    assert not await line.preempt(com, inter.rid, inter.owner, max_preemptions=1)  # com is marked
 
 
 async def test_cancel_and_deadline_still_end_a_preempted_request_in_the_line(line: Line) -> None:
@@ -140,8 +154,8 @@ async def test_cancel_and_deadline_still_end_a_preempted_request_in_the_line(lin
     await _put(line, Priority.background, deadline_ms=400)
     a, b = await line.claim("w", 2, 5)
     c1, c2 = await _put(line, Priority.committed, 2)
-    assert await line.preempt(c1, a.rid, a.owner, max_preemptions=1, replica="w")
-    assert await line.preempt(c2, b.rid, b.owner, max_preemptions=1, replica="w")
+    assert await line.preempt(c1, a.rid, a.owner, max_preemptions=1)
+    assert await line.preempt(c2, b.rid, b.owner, max_preemptions=1)
     await line.claim("w", 2, 5)  # the committed calls take the slots
     assert await line.finish(a.rid, "cancelled") == "queued"  # back in the line: no engine to abort
     await asyncio.sleep(0.5)  # let b's 400 ms deadline pass while it waits in the line (that is the point)

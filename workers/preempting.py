@@ -43,6 +43,8 @@ class Preemptor:
         self.line = line
         self.settings = tc.preemption
         self.replica_id = replica_id
+        # A mark older than a lease: the replica that made room never claimed (it died); try again.
+        self.stale_s = tc.lease_s
         self.reserved = {int(Priority[c]): n for c, n in tc.preemption.reserved_slots.items()}
         self.attempts: dict[str, Attempt] = {}  # rid -> the attempt running here
         self.preempted: set[str] = set()  # leases preempted here, whose tasks are ending
@@ -79,7 +81,10 @@ class Preemptor:
 
         Returns True when a victim was preempted and its task has ended (its slot is free).
         """
-        waiter = await self.line.peek_waiter()
+        if not self.attempts:
+            return False
+        lowest = max(a.rank for a in self.attempts.values())  # only a class above it could preempt here
+        waiter = await self.line.peek_waiter(lowest, stale_s=self.stale_s)
         if waiter is None:
             return False
         caps = self.caps(concurrency)
@@ -93,7 +98,7 @@ class Preemptor:
             return False
         a = self.attempts[victim.rid]
         if not await self.line.preempt(waiter.rid, victim.rid, a.owner,
-                                       max_preemptions=self.settings.max_preemptions, replica=self.replica_id):
+                                       max_preemptions=self.settings.max_preemptions, stale_s=self.stale_s):
             return False
         self.preempted.add(a.lease)
         task = active.get(victim.rid)

@@ -17,7 +17,8 @@ Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
   accepted request end in exactly one outcome.
 - A full replica may preempt a running request of a lower class for one
   waiting above it (PREEMPT): the victim goes back with its own score and its
-  lease ends; the waiter gets a `pmark`, so no other replica preempts for it.
+  lease ends; the waiter gets a `pmark` (when), so no other replica preempts
+  for it, unless the mark is older than a lease (its replica died).
 - `res:<id>` STREAM of events for the caller, with a TTL so unread results
   cannot pile up.
 
@@ -173,23 +174,27 @@ class Line:
             for r in rows
         ]
 
-    async def peek_waiter(self, scan: int = 64) -> Waiter | None:
-        """The highest-class waiting request no replica has preempted for yet (see PEEK), or None."""
-        row = await self._peek(keys=[self.keys.line], args=[self.prefix, scan])
+    async def peek_waiter(self, below_rank: int = 4, *, stale_s: float = 10.0, scan: int = 64) -> Waiter | None:
+        """The highest-class request waiting, of a class above `below_rank`, that no replica has
+        preempted for in the last `stale_s` (see PEEK), or None."""
+        if below_rank <= 0:
+            return None
+        row = await self._peek(keys=[self.keys.line], args=[self.prefix, scan, below_rank, int(stale_s * 1000)])
         return Waiter(_s(row[0]), int(row[1]), int(row[2]) / 1000) if row else None
 
     async def preempt(self, waiter: str, victim: str, victim_owner: str, *, max_preemptions: int,
-                      replica: str) -> bool:
+                      stale_s: float = 10.0) -> bool:
         """Put `victim` back at the head of its class for `waiter`, once per waiting call (see PREEMPT).
 
         True: the victim's lease is gone and it waits in the line again; the
         caller must abort its attempt in the engine. False: nothing changed
-        (another replica preempted for this waiter, the victim ended or
-        streamed, or it was preempted `max_preemptions` times already).
+        (a replica preempted for this waiter in the last `stale_s`, the victim
+        ended or streamed, or it was preempted `max_preemptions` times already).
         """
         k = self.keys
         ok = await self._preempt(keys=[k.line, k.inflight, k.counters, k.bell],
-                                 args=[self.prefix, waiter, victim, victim_owner, max_preemptions, replica])
+                                 args=[self.prefix, waiter, victim, victim_owner, max_preemptions,
+                                       int(stale_s * 1000)])
         return bool(int(ok))
 
     async def renew(self, held: list[tuple[str, str]], lease_s: float) -> list[str]:

@@ -239,14 +239,17 @@ return {n2s(now), by_class, n2s(oldest), redis.call('ZCARD', KEYS[2]),
   redis.call('HGETALL', KEYS[3])}
 """
 
-# KEYS: line ; ARGV: prefix scan
-# The highest-class waiting request no replica has preempted for yet (no
-# `pmark`), among the first `scan` of the line: {rid, rank, waited_ms}, or {}.
+# KEYS: line ; ARGV: prefix scan below_rank stale_ms
+# The highest-class waiting request of a class above `below_rank` that no
+# replica has preempted for yet, among the first `scan` of those: {rid, rank,
+# waited_ms}, or {}. A mark older than `stale_ms` does not count: the replica
+# that made room for the request never claimed anything (it died).
 PEEK = CLOCK + """
-local head = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. n2s(tonumber(ARGV[3]) * 1e15), 'LIMIT', 0,
+  tonumber(ARGV[2]))
 for _, rid in ipairs(head) do
   local f = redis.call('HMGET', ARGV[1] .. 'req:' .. rid, 'state', 'pmark', 'rank', 'enq')
-  if f[1] == 'queued' and (not f[2] or f[2] == '') then
+  if f[1] == 'queued' and (not f[2] or f[2] == '' or tonumber(f[2]) < now - tonumber(ARGV[4])) then
     return {rid, tonumber(f[3]), n2s(now - tonumber(f[4]))}
   end
 end
@@ -254,25 +257,27 @@ return {}
 """
 
 # KEYS: line inflight counters bell
-# ARGV: prefix waiter victim victim_owner max_preemptions replica
+# ARGV: prefix waiter victim victim_owner max_preemptions stale_ms
 # Preempt `victim` (running under `victim_owner`) for `waiter`, atomically and
 # once per waiting call: the waiter is still queued, of a higher class, and no
-# replica has preempted for it yet (it gets `pmark`); the victim is still held
-# by that owner, has streamed nothing and was preempted fewer than
-# max_preemptions times. The victim goes back to the line with its own score
-# (the head of its class, in arrival order) and its lease ends, so the old
-# attempt can no longer stream into it or finish it. Returns 1 if done, else 0.
-PREEMPT = """
+# replica has preempted for it within `stale_ms` (it gets `pmark`, the time);
+# the victim is still held by that owner, has streamed nothing and was
+# preempted fewer than max_preemptions times. The victim goes back to the line
+# with its own score (the head of its class, in arrival order) and its lease
+# ends, so the old attempt can no longer stream into it or finish it. Returns
+# 1 if done, else 0.
+PREEMPT = CLOCK + """
 local w = ARGV[1] .. 'req:' .. ARGV[2]
 local wf = redis.call('HMGET', w, 'state', 'pmark', 'rank')
-if wf[1] ~= 'queued' or (wf[2] and wf[2] ~= '') then return 0 end
+if wf[1] ~= 'queued' then return 0 end
+if wf[2] and wf[2] ~= '' and tonumber(wf[2]) >= now - tonumber(ARGV[6]) then return 0 end
 local v = ARGV[1] .. 'req:' .. ARGV[3]
 local vf = redis.call('HMGET', v, 'state', 'owner', 'streamed', 'preempted', 'score', 'priority', 'rank')
 if vf[1] ~= 'running' or vf[2] ~= ARGV[4] or vf[3] == '1' then return 0 end
 if tonumber(vf[7]) <= tonumber(wf[3]) then return 0 end
 local n = tonumber(vf[4] or '0')
 if n >= tonumber(ARGV[5]) then return 0 end
-redis.call('HSET', w, 'pmark', ARGV[6])
+redis.call('HSET', w, 'pmark', n2s(now))
 redis.call('HSET', v, 'state', 'queued', 'owner', '', 'preempted', n + 1)
 redis.call('ZREM', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[1], vf[5], ARGV[3])
