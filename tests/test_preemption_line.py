@@ -193,7 +193,7 @@ def _saturated(preempt: bool) -> dict:  # type: ignore[type-arg]
 
 
 def test_the_simulator_preempts_through_the_policy_and_reports_it() -> None:
-    from simulator.report import summarize
+    from simulator.report import render_summary, summarize
     from simulator.run import simulate
     from simulator.scenario import parse_scenario
 
@@ -207,3 +207,5 @@ def test_the_simulator_preempts_through_the_policy_and_reports_it() -> None:
     assert with_[0].completed == without[0].completed > 0
     doc = summarize(runs[True])
     assert doc["tiers"]["planner"]["classes"]["background"]["preempted"] == with_[3].preempted
+    assert f"planner/background {with_[3].preempted}" in render_summary(doc)
+    assert "preempted (" not in render_summary(summarize(runs[False]))
