@@ -231,3 +231,28 @@ async def test_reserved_slots_keep_a_slot_free_for_committed_work_without_preemp
     snap = await line.observe()
     assert snap.counters.get("preempted", 0) == 0 and snap.counters["completed"] == 4
     await redis.aclose()
+
+
+async def test_a_stream_that_has_sent_tokens_is_never_preempted(redis_url: str) -> None:
+    cfg = _cfg(max_preemptions=3, min_wait_ms=0)
+    redis = Redis.from_url(redis_url)
+    line = Line(redis, cfg.namespace, TIER)
+    async with _replicas(cfg, redis, 1):
+        streams = []
+        for _ in range(2):
+            rid = uuid.uuid4().hex
+            payload = {"kind": "completion", "prompt": "p", "max_tokens": 200, "ignore_eos": True, "stream": True}
+            await line.enqueue(rid, Priority.background, orjson.dumps(payload), 60_000)
+            streams.append(rid)
+        # Both streams have sent tokens to their callers before the committed call arrives.
+        await _until(lambda: _all_streamed(redis, line, streams), "both streams sending")
+        (com,) = await _put(line, Priority.committed, 8)
+        ended = await _done_at(redis, line, [com, *streams])
+    assert ended[com] > min(ended[s] for s in streams)  # it waited for a slot to free
+    snap = await line.observe()
+    assert snap.counters.get("preempted", 0) == 0 and snap.counters["completed"] == 3
+    await redis.aclose()
+
+
+async def _all_streamed(redis: Redis, line: Line, rids: list[str]) -> bool:
+    return all([await redis.hget(line.keys.request(r), "streamed") == b"1" for r in rids])
