@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from contextvars import ContextVar
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,23 +22,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from fleet.classes import CLASSES, Preemption, Priority, per_class_positive
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.yaml"
-
-
-class Priority(IntEnum):
-    """Priority classes; a lower value is served first and shed last."""
-
-    committed = 0
-    interactive = 1
-    speculative = 2
-    background = 3
-
-    @classmethod
-    def parse(cls, name: str) -> Priority:
-        return cls[name.strip().lower()]
-
-
-CLASSES: tuple[str, ...] = tuple(p.name for p in Priority)
 
 
 class ConfigError(Exception):
@@ -54,16 +39,6 @@ def valid_timezone(v: str) -> str:
         ZoneInfo(v)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"unknown time zone {v!r} (an IANA name such as America/New_York)") from None
-    return v
-
-
-def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
-    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
-    for name, value in v.items():
-        if name not in CLASSES:
-            raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
-        if value <= 0:
-            raise ValueError(f"{what} for {name!r} must be > 0")
     return v
 
 
@@ -126,7 +101,6 @@ class VllmSettings(_Strict):
     dtype: str = "auto"
     enforce_eager: bool = False
     warmup_tokens: int = Field(4, ge=0)
-    scheduling_policy: Literal["priority", "fcfs"] = "priority"  # priority: committed first within the batch
 
 
 class OpenAIUpstream(_Strict):
@@ -202,21 +176,6 @@ class Budget(_Strict):
                 raise ValueError(f"window names must be unique: {w.name!r} appears twice")
             seen.add(w.name)
         return v
-
-
-class Preemption(_Strict):
-    """Higher classes taking a full tier's slots from lower ones (`fleet.policy.preemption`, docs/preemption.md)."""
-
-    enabled: bool = False
-    max_preemptions: int = Field(1, ge=0)  # per request; after that it runs to the end, so nothing starves
-    min_wait_ms: int = Field(10, ge=0)  # a waiter this young may still be claimed by a replica with a free slot
-    poll_ms: int = Field(20, gt=0)  # how often a full replica looks for a higher class waiting
-    reserved_slots: dict[str, int] = Field(default_factory=dict)  # per replica, kept for this class and above
-
-    @field_validator("reserved_slots")
-    @classmethod
-    def _known(cls, v: dict[str, int]) -> dict[str, int]:
-        return {k: int(n) for k, n in per_class_positive(v, "reserved slots").items()}  # type: ignore[arg-type]
 
 
 class TierConfig(_Strict):
