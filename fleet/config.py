@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from contextvars import ContextVar
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from fleet.classes import CLASSES, Preemption, Priority, per_class_positive
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -34,22 +34,6 @@ from fleet.engine_config import (  # noqa: F401  re-exported: callers import the
 from fleet.model_config import ModelVersionConfig, RolloutConfig, merged, valid_version
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.yaml"
-
-
-class Priority(IntEnum):
-    """Priority classes; a lower value is served first and shed last."""
-
-    committed = 0
-    interactive = 1
-    speculative = 2
-    background = 3
-
-    @classmethod
-    def parse(cls, name: str) -> Priority:
-        return cls[name.strip().lower()]
-
-
-CLASSES: tuple[str, ...] = tuple(p.name for p in Priority)
 
 
 class ConfigError(Exception):
@@ -67,14 +51,6 @@ def valid_timezone(v: str) -> str:
     return v
 
 
-def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
-    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
-    for name, value in v.items():
-        if name not in CLASSES:
-            raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
-        if value <= 0:
-            raise ValueError(f"{what} for {name!r} must be > 0")
-    return v
 
 
 class PrewarmWindow(_Strict):
@@ -169,6 +145,7 @@ class TierConfig(_Strict):
     version: str = "v1"  # the version this tier's model is, in the model registry (fleet.model_config)
     versions: dict[str, ModelVersionConfig] = Field(default_factory=dict)  # more known versions
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    preemption: Preemption = Field(default_factory=Preemption)
 
     @field_validator("wait_limit_s")
     @classmethod

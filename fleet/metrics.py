@@ -23,6 +23,9 @@ LATENCY = Histogram("fleet_request_latency_seconds", "End-to-end latency at the 
                     buckets=LATENCY_BUCKETS)
 QUEUE_WAIT = Histogram("fleet_queue_wait_seconds", "Time spent in the line before a worker claimed it.",
                        ["tier", "priority"], buckets=LATENCY_BUCKETS)
+# Fed by the gateway from the line's counters (exact, fleet-wide), by the victim's class.
+PREEMPTIONS = Counter("fleet_preemptions", "Running requests put back in the line for a higher class (preempted).",
+                      ["tier", "class"])
 TOKENS = Counter("fleet_tokens", "Tokens served, by kind (prompt, completion).", ["tier", "kind"])
 
 LINE_LENGTH = Gauge("fleet_line_length", "Requests waiting in the line, by class.", ["tier", "priority"])

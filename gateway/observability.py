@@ -45,6 +45,7 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     for cls, n in zip(CLASSES, obs.line, strict=True):
         m.LINE_LENGTH.labels(tier, cls).set(n)
     m.OLDEST_WAIT.labels(tier).set(obs.oldest_wait_s)
+    _count_preemptions(tier, live.snap.counters)
     m.DRAIN.labels(tier).set(drain_s(obs))  # +Inf when nothing serves a non-empty line
     m.ARRIVAL_RATE.labels(tier).set(arrival_rate(obs))
     m.SERVICE_RATE.labels(tier).set(service_rate(obs))
@@ -58,6 +59,19 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     # scaler, or this gateway while no scaler runs). Not judged yet: the gauges wait.
     if live.budget is not None:
         set_budget_gauges(tier, live.budget, [w.name for w in tc.budget.windows])
+
+
+_preempted_seen: dict[tuple[str, str], int] = {}
+
+
+def _count_preemptions(tier: str, counters: dict[str, int]) -> None:
+    """Advance fleet_preemptions_total by what the line counted since the last scrape (Redis holds the total)."""
+    for cls in CLASSES:
+        n = counters.get(f"preempted:{cls}", 0)
+        last = _preempted_seen.get((tier, cls))
+        if last is None or n > last:
+            m.PREEMPTIONS.labels(tier, cls).inc(n - (last or 0))
+        _preempted_seen[(tier, cls)] = n  # below the last: the counters were reset; count from there
 
 
 @router.get("/metrics", include_in_schema=False)

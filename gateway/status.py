@@ -113,6 +113,8 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
                       else None),
         "outcomes": {k: snap.counters.get(k, 0) for k in ("accepted", "completed", "expired", "cancelled",
                                                             "failed", "requeued")},
+        "preemptions": {"total": snap.counters.get("preempted", 0),
+                        **{c: snap.counters.get(f"preempted:{c}", 0) for c in CLASSES}},
         "tokens": {"prompt": snap.counters.get("prompt_tokens", 0),
                    "completion": snap.counters.get("completion_tokens", 0)},
     }

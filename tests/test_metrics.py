@@ -16,7 +16,7 @@ from tests.harness import Fleet, wait_until
 TIERS = ("routing", "analysis", "planner")
 # Every label the fleet's metrics may carry; each has a config- or code-bounded set of values.
 BOUNDED_LABELS = {"tier", "priority", "state", "outcome", "reason", "kind", "window", "action", "event", "replica",
-                  "le", "version"}  # versions: those the model registry knows
+                  "le", "version", "class"}  # versions: those the model registry knows
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -119,6 +119,7 @@ def test_gateway_metrics_after_traffic(served: tuple[Fleet, int]) -> None:
             assert set(labels) <= BOUNDED_LABELS, (name, labels)
             assert labels.get("tier", "routing") in TIERS, (name, labels)
             assert labels.get("priority", "committed") in CLASSES, (name, labels)
+            assert labels.get("class", "committed") in CLASSES, (name, labels)  # fleet_preemptions_total
 
 
 def test_worker_metrics_port(served: tuple[Fleet, int]) -> None:

@@ -30,6 +30,7 @@ from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
 from fleet.store.version_outcomes import record_outcome
 from workers.engines.base import Engine, EngineError, EngineRequest
+from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.streaming import LeaseLost, StreamWriter
 
 log = logging.getLogger("fleet.worker")
@@ -66,6 +67,7 @@ class Worker:
         self._holding = asyncio.Event()  # drained or parked: claim nothing more
         self._resumed = asyncio.Event()
         self.parked = False
+        self.preemptor = Preemptor(self.line, self.tc, self.replica_id)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -161,10 +163,22 @@ class Worker:
             free = self.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                if not self.preemptor.enabled:
+                    await self._slot_freed.wait()
+                    continue
+                # Full: look for a higher class waiting each poll (docs/preemption.md).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), self.preemptor.poll_s)
+                if not self._slot_freed.is_set() and not self._draining.is_set():
+                    try:
+                        await self.preemptor.check(self.concurrency, self.active)
+                    except Exception:  # Redis away: what runs keeps running
+                        log.exception("preemption check failed")
+                        await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
                 continue
             try:
-                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s)
+                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s,
+                                                self.preemptor.caps(self.concurrency))
             except Exception:  # Redis away: keep what runs, try again shortly
                 log.exception("claim failed; retrying")
                 await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
@@ -175,7 +189,8 @@ class Worker:
                     # old attempt is void (its lease is gone), the new one starts clean.
                     self._cancel(c.rid)
                 self.owners[c.rid] = c.owner
-                self.active[c.rid] = asyncio.create_task(self._serve(c))
+                # Tracked now, not when its task starts: the next claim's caps count it.
+                self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
             if not claimed:
                 waiter = asyncio.create_task(self.line.wait_for_work(1.0))
                 drain = asyncio.create_task(self._holding.wait())
@@ -188,7 +203,7 @@ class Worker:
 
     # --- serving --------------------------------------------------------------
 
-    async def _serve(self, c: Claimed) -> None:
+    async def _serve(self, c: Claimed, attempt: Attempt) -> None:
         """Run one claimed request on the engine and end it with exactly one outcome.
 
         Within the time left to its deadline: stream its tokens (through the
@@ -208,6 +223,7 @@ class Worker:
             messages=p.get("messages"), max_tokens=int(p.get("max_tokens", 16)),
             temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
             stop=list(p.get("stop") or []), seed=p.get("seed"), ignore_eos=bool(p.get("ignore_eos", False)),
+            priority=attempt_rank(c.priority),
         )
         t0 = time.monotonic()
         t_first = t_last = 0.0
@@ -227,10 +243,12 @@ class Worker:
                         t_first = now
                     t_last = now
                     prompt_tokens, completion_tokens = d.prompt_tokens, d.completion_tokens
+                    attempt.progress = completion_tokens
                     if d.finish_reason:
                         finish_reason = d.finish_reason
                     if stream:
                         if d.text:
+                            attempt.sent = True
                             self.streams.push(c.lease, d.text)
                     else:
                         parts.append(d.text)
@@ -289,12 +307,14 @@ class Worker:
                 self.active.pop(c.rid, None)
                 self.owners.pop(c.rid, None)
             self._slot_freed.set()
-            # Every token generated is charged, useful or not (late, failed, cancelled).
-            with contextlib.suppress(Exception):
-                await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
-                                                completion_tokens, useful=useful)
-                if ended is not None:
-                    await record_outcome(self.redis, self.line.keys, self.version, ended, t_first - t0)
+            # Every token generated is charged, useful or not (late, failed, cancelled), except a
+            # preempted attempt's: it runs again, and only the attempt that ends it counts.
+            if not self.preemptor.untrack(c.rid, attempt):
+                with contextlib.suppress(Exception):
+                    await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
+                                                    completion_tokens, useful=useful)
+                    if ended is not None:
+                        await record_outcome(self.redis, self.line.keys, self.version, ended, t_first - t0)
 
     async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not

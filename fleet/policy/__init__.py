@@ -21,6 +21,8 @@ ceiling itself. The modules, each importing only those above it:
 - `key_budget`: what a call costs an API key;
 - `rollout`: replacing replicas by the live model version one at a time, and
   judging a promotion against the version it replaced.
+- `preemption`: which running request gives its slot to a higher class, and the
+  slots a replica keeps for higher classes.
 """
 
 from fleet.policy.admission import (
@@ -61,6 +63,7 @@ from fleet.policy.observation import (
     service_rate,
     waiting,
 )
+from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
 from fleet.policy.rollout import (
@@ -117,6 +120,7 @@ __all__ = [
     "PrewarmOrder",
     "Replicas",
     "RolloutStep",
+    "RunningRequest",
     "ScaleDecision",
     "ServiceForecast",
     "TierCapacity",
@@ -124,6 +128,7 @@ __all__ = [
     "TierState",
     "Verdict",
     "VersionStats",
+    "WaitingRequest",
     "active_prewarm",
     "active_windows",
     "admission_forecast",
@@ -136,6 +141,8 @@ __all__ = [
     "calibrate",
     "calibrated_capacity",
     "ceiling_of",
+    "choose_victim",
+    "claim_caps",
     "cost_per_million_tokens",
     "cost_per_useful_million",
     "decide",
