@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
 
+from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.line import Line
+from gateway.redis_loss import GRACE_S, spawn
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
-_unlinks: set[asyncio.Task[Any]] = set()
 
 
 class ClientGone(Exception):
@@ -35,25 +37,39 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
             left = deadline_at - loop.time()
             if left <= 0 and not expired_sent:
                 expired_sent = True
-                await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                   "msg": "deadline passed before the request finished"})
+                async with asyncio.timeout(GRACE_S):  # a frozen Redis must not hold the caller's answer
+                    await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                       "msg": "deadline passed before the request finished"})
             if left < -GIVE_UP_AFTER_S:
                 # The final event never came (the request's keys are gone: an evicting
                 # or restarted Redis). The caller still gets its answer, not a hang.
                 yield {"t": "err", "status": 504, "type": "deadline_exceeded",
                        "msg": "deadline passed and the request's result was lost"}
                 return
-            block_ms = int(left * 1000) + 1 if left > 0 else 1000
-            for entry_id, ev in await line.read_events(rid, last, block_ms):
+            block_ms = min(int(left * 1000) + 1 if left > 0 else 1000, int(MAX_BLOCK_S * 1000))
+            # The read returns by the end of its block; one that does not is a Redis that stopped
+            # answering (frozen: no reset comes), which the caller hears of now, as a TimeoutError.
+            async with asyncio.timeout(block_ms / 1000 + GRACE_S):
+                got = await line.read_events(rid, last, block_ms)
+            for entry_id, ev in got:
                 last = entry_id
                 yield ev
                 if ev["t"] in ("done", "err"):
                     return
     finally:
         # Read, so drop it now rather than at its TTL, off the caller's path.
-        task = asyncio.get_running_loop().create_task(line.drop_events(rid))
-        _unlinks.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(_unlinks.discard)
+        spawn(_drop(line, rid))
+
+
+async def close_events(stream: AsyncIterator[dict[str, Any]]) -> None:
+    """Close a request's event reader off the caller's path; a reader already gone is fine."""
+    with contextlib.suppress(Exception):
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _drop(line: Line, rid: str) -> None:
+    with contextlib.suppress(Exception):  # Redis away: the stream's TTL drops it instead
+        await line.drop_events(rid)
 
 
 async def wait_disconnect(receive: Any) -> None:
@@ -70,6 +86,9 @@ async def first_or_gone(agen: AsyncIterator[dict[str, Any]], receive: Any) -> di
     gone = asyncio.ensure_future(wait_disconnect(receive))
     try:
         await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled (the deadline's bound): the pending read must not run on
+        nxt.cancel()
+        raise
     finally:
         gone.cancel()
     if nxt.done():

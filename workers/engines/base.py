@@ -36,6 +36,8 @@ class EngineRequest:
     # Test models with random weights emit EOS at random; callers that need an
     # exact token count (tests, benchmarks) set this.
     ignore_eos: bool = False
+    # The request's class rank (fleet.config.Priority): a lower number goes first, as in vLLM.
+    priority: int = 0
 
 
 @dataclass(slots=True)
