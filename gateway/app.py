@@ -38,12 +38,15 @@ from gateway.observability import RequestRecorder
 from gateway.observability import router as metrics_router
 from gateway.openapi import install_openapi
 from gateway.request import ClientLeft, HeaderLimit, parse_chain_id, parse_deadline, read_body, validate
+from gateway.result_reader import ResultReader
 from gateway.results import ClientGone, events, first_or_gone
 from gateway.schemas import ChatBody, CompletionBody
 from gateway.status import fleet_status
 
 log = logging.getLogger("fleet.gateway")
 JSON = "application/json"
+GATEWAY_POOL = 24  # ordinary Redis calls in flight at once; more wait for a connection
+POOL_WAIT_S = 10.0  # ... this long at most, then a 503 (redis_unavailable)
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -60,6 +63,7 @@ class Gateway:
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s, blocking=blocking) for t in cfg.tiers}
         self.admission = Admission(cfg, redis, self.lines)
+        self.results = ResultReader(blocking or redis)  # one reader of every open call's result stream
         self.keyring = keyring or KeyRing(cfg.keys)
         self.started = time.time()
 
@@ -90,7 +94,10 @@ class Gateway:
 def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        clients = Clients.open(redis_url, name="gateway", max_connections=1024, max_blocking=4096)
+        # Connections stay bounded whatever the open-call count: the result reader holds one
+        # blocking connection per tier, and the ordinary calls queue for a pool of GATEWAY_POOL.
+        clients = Clients.open(redis_url, name="gateway", max_connections=GATEWAY_POOL,
+                               max_blocking=len(cfg.tiers) + 1, wait_for_connection_s=POOL_WAIT_S)
         redis = clients.calls
         gw = Gateway(cfg, redis, app.state.keyring, blocking=clients.blocking)
         app.state.gw = gw
@@ -103,6 +110,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             yield
         finally:
             await gw.admission.stop()
+            await gw.results.stop()
             reaper.cancel()
             await asyncio.gather(reaper, return_exceptions=True)
             await clients.aclose()
@@ -195,13 +203,20 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
             prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
             expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(explicit)))
-        await ticket.enqueue(line, orjson.dumps(payload), chain)
+        # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
+        watch = gw.results.watch(line, rid)
         try:
-            stream = events(gw.redis, line, rid, deadline_at)
+            await ticket.enqueue(line, orjson.dumps(payload), chain)
+        except BaseException:
+            watch.close()
+            raise
+        try:
+            stream = events(watch, line, deadline_at)
             headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
             try:
                 first = await first_or_gone(stream, request.receive)
             except ClientGone:
+                watch.close()
                 await line.finish(rid, "cancelled")
                 await stream.aclose()
                 await ticket.close("cancelled")
@@ -221,6 +236,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             await ticket.close("completed", _usage_of(first))
             return _json(_final_body(kind, rid, body.model, created, first), headers=headers)
         except BaseException:
+            watch.close()
             with anyio.CancelScope(shield=True):
                 # Whatever broke here (Redis away, the client gone), the request must not
                 # run on with nobody to read it: end it in the line too. No-ops if ended.
