@@ -41,7 +41,7 @@ async def connections(r: Redis, name: str) -> int:
 
 
 async def test_many_open_calls_share_one_blocking_connection(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
-    line, reader, calls, name = setup
+    line, reader, _, name = setup
     rids = [uuid.uuid4().hex for _ in range(300)]
     watches = [reader.watch(line, rid) for rid in rids]
     assert reader.open_calls == 300
@@ -64,7 +64,7 @@ async def test_many_open_calls_share_one_blocking_connection(setup, redis_url: s
 
 
 async def test_a_call_that_joins_during_a_blocked_read_is_not_kept_waiting(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
-    line, reader, calls, _ = setup
+    line, reader, _, _ = setup
     first = reader.watch(line, uuid.uuid4().hex)  # the reader now blocks (up to 5 s) on this one
     writer = Redis.from_url(redis_url)
     try:

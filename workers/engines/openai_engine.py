@@ -1,9 +1,17 @@
 """The `openai` engine: forward to an existing OpenAI-compatible server.
 
-Streams `/chat/completions` or `/completions` over SSE with
-`stream_options.include_usage`, so token counts are the upstream's own; when
-the upstream sends no usage, completion tokens are the number of content
-chunks and prompt tokens an estimate (characters / 4).
+A streamed call is forwarded streaming: `/chat/completions` or `/completions`
+over SSE with `stream_options.include_usage`, so token counts are the
+upstream's own; when the upstream sends no usage, completion tokens are the
+number of content chunks and prompt tokens an estimate (characters / 4). A
+non-streamed call is forwarded non-streamed (one JSON body to parse instead of
+a chunk per token); the upstream is then silent until it is done, so only the
+request's deadline bounds it, not `silence_timeout_s`.
+
+The hot path: one `httpx.AsyncClient` per engine, its connections kept alive and
+reused (a stream is read to its end after `[DONE]`, off the caller's path, so its
+connection goes back to the pool rather than being closed); bodies are encoded and
+decoded with orjson; httpx's per-request INFO log line is off.
 
 Every upstream failure becomes an `EngineError`, never a hang:
     upstream_timeout  connect timeout (code connect_timeout), no byte for
@@ -30,11 +38,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from fleet.config import OpenAIUpstream
 from workers.engines.base import Delta, EngineError, EngineRequest
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: a line per call on the hot path (~1 ms of a loaded box).
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 _CLIENT_FAULT = {400, 413, 422}
 _DONE = object()
@@ -101,12 +112,13 @@ class OpenAIEngine:
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
+        self._draining: set[asyncio.Task[None]] = set()  # finished streams read to their end
 
     # -- lifecycle --------------------------------------------------------
 
     def _make_client(self) -> httpx.AsyncClient:
         s = self.settings
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if s.api_key:
             headers["Authorization"] = f"Bearer {s.api_key}"
         return httpx.AsyncClient(
@@ -163,10 +175,11 @@ class OpenAIEngine:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     async def stop(self) -> None:
-        for task in list(self._readers.values()):
+        tasks = [*self._readers.values(), *self._draining]
+        for task in tasks:
             task.cancel()
-        if self._readers:
-            await asyncio.gather(*self._readers.values(), return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
@@ -184,9 +197,10 @@ class OpenAIEngine:
             "max_tokens": req.max_tokens,
             "temperature": req.temperature,
             "top_p": req.top_p,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": req.stream,
         }
+        if req.stream:
+            body["stream_options"] = {"include_usage": True}
         if req.stop:
             body["stop"] = list(req.stop)
         if req.seed is not None:
@@ -206,19 +220,22 @@ class OpenAIEngine:
             raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
         path, body = self._body(req)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        reader = asyncio.create_task(self._read(self._client, path, body, queue), name=f"openai-{req.request_id}")
+        read = self._read if req.stream else self._read_whole
+        reader = asyncio.create_task(read(self._client, path, body, queue), name=f"openai-{req.request_id}")
         self._readers[req.request_id] = reader
         chat = req.kind == "chat"
         chunks = 0
         usage: dict[str, Any] | None = None
         finish: str | None = None
         held = ""  # text that arrived with (or after) finish_reason, sent in the final delta
+        done = False
         try:
             while True:
                 # The reader always ends with exactly one of _DONE, _ABORTED or
                 # an EngineError, so this never waits on a dead reader.
                 item = await queue.get()
                 if item is _DONE:
+                    done = True
                     break
                 if item is _ABORTED:
                     return
@@ -242,14 +259,21 @@ class OpenAIEngine:
             prompt_tokens, completion_tokens = self._counts(req, usage, chunks)
             yield Delta(held, prompt_tokens, completion_tokens, "length" if finish == "length" else "stop")
         finally:
-            if not reader.done():
-                reader.cancel()
-            try:
-                # The reader reports through the queue and never raises but
-                # CancelledError; asyncio.wait doesn't re-raise that one.
-                await asyncio.wait({reader})
-            finally:
+            if done and not reader.done():
+                # [DONE] came: the reader reads the rest of the body (the chunked end), so the
+                # connection is reused; bounded by the silence timeout.
                 self._readers.pop(req.request_id, None)
+                self._draining.add(reader)
+                reader.add_done_callback(self._draining.discard)
+            else:
+                if not reader.done():
+                    reader.cancel()
+                try:
+                    # The reader reports through the queue and never raises but
+                    # CancelledError; asyncio.wait doesn't re-raise that one.
+                    await asyncio.wait({reader})
+                finally:
+                    self._readers.pop(req.request_id, None)
 
     @staticmethod
     def _counts(req: EngineRequest, usage: dict[str, Any] | None, chunks: int) -> tuple[int, int]:
@@ -263,20 +287,20 @@ class OpenAIEngine:
         """Stream one request's SSE events into `queue`; errors become EngineErrors."""
         url = f"{self._base}{path}"
         try:
-            async with client.stream("POST", url, json=body) as r:
+            async with client.stream("POST", url, content=orjson.dumps(body)) as r:
                 if r.status_code >= 400:
-                    msg = _error_message(await r.aread())
-                    type_ = "invalid_request_error" if r.status_code in _CLIENT_FAULT else "upstream_error"
-                    raise EngineError(f"upstream returned HTTP {r.status_code}: {msg}", type_, f"http_{r.status_code}")
+                    _raise_for_status(r.status_code, await r.aread())
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # blank separators, comments, event: lines
                     data = line[5:].strip()
                     if data == "[DONE]":
                         queue.put_nowait(_DONE)
+                        async for _ in r.aiter_raw():  # the body's end: the connection goes back to the pool
+                            pass
                         return
                     try:
-                        event = json.loads(data)
+                        event = orjson.loads(data)
                     except ValueError:
                         raise EngineError(
                             f"upstream sent malformed data: {data[:200]}", "upstream_error", "bad_response"
@@ -292,33 +316,67 @@ class OpenAIEngine:
                     queue.put_nowait(event)
             # Stream ended without [DONE]: what arrived still counts if it finished.
             queue.put_nowait(_DONE)
-        except EngineError as e:
-            queue.put_nowait(e)
-        except httpx.ConnectTimeout as e:
-            queue.put_nowait(EngineError(f"connecting to {url} timed out: {e}", "upstream_timeout", "connect_timeout"))
-        except httpx.ConnectError as e:
-            queue.put_nowait(EngineError(f"cannot connect to {url}: {e}", "upstream_error", "connect_failed"))
-        except httpx.PoolTimeout as e:
-            queue.put_nowait(
-                EngineError(f"no connection to {url} available: {e}", "upstream_timeout", "connect_timeout")
-            )
-        except httpx.ReadTimeout:
-            queue.put_nowait(
-                EngineError(
-                    f"upstream {url} was silent for {self.settings.silence_timeout_s:g}s",
-                    "upstream_timeout",
-                    "silence_timeout",
-                )
-            )
-        except httpx.TimeoutException as e:
-            queue.put_nowait(EngineError(f"upstream {url} timed out: {e!r}", "upstream_timeout", "timeout"))
-        except httpx.HTTPError as e:
-            queue.put_nowait(EngineError(f"upstream {url} failed: {e!r}", "upstream_error", "connection_lost"))
-        except asyncio.CancelledError:
-            queue.put_nowait(_ABORTED)
-            raise
-        except Exception as e:  # never leave the consumer waiting
-            queue.put_nowait(EngineError(f"forwarding to {url} failed: {e!r}", "upstream_error"))
+        except BaseException as e:
+            _report(e, queue, url, self.settings.silence_timeout_s)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+
+    async def _read_whole(
+        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], queue: asyncio.Queue[Any]
+    ) -> None:
+        """One non-streamed call: its answer as one chunk-shaped event, then _DONE."""
+        url = f"{self._base}{path}"
+        try:
+            # No silence timeout: a non-streamed upstream says nothing until it is done;
+            # the worker's deadline bounds the call.
+            r = await client.post(url, content=orjson.dumps(body),
+                                  timeout=httpx.Timeout(self.settings.silence_timeout_s, read=None))
+            if r.status_code >= 400:
+                _raise_for_status(r.status_code, r.content)
+            try:
+                data = orjson.loads(r.content)
+                choice = data["choices"][0]
+                text = choice["message"].get("content") if "message" in choice else choice.get("text")
+                event = {"choices": [{"delta": {"content": text or ""}, "text": text or "",
+                                      "finish_reason": choice.get("finish_reason") or "stop"}],
+                         "usage": data.get("usage")}
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                raise EngineError(f"upstream sent a malformed answer: {r.content[:200]!r}", "upstream_error",
+                                  "bad_response") from None
+            queue.put_nowait(event)
+            queue.put_nowait(_DONE)
+        except BaseException as e:
+            _report(e, queue, url, self.settings.silence_timeout_s)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+
+
+def _raise_for_status(status: int, body: bytes) -> None:
+    type_ = "invalid_request_error" if status in _CLIENT_FAULT else "upstream_error"
+    raise EngineError(f"upstream returned HTTP {status}: {_error_message(body)}", type_, f"http_{status}")
+
+
+def _report(e: BaseException, queue: asyncio.Queue[Any], url: str, silence_s: float) -> None:
+    """Put the reader's end in the queue as the consumer expects it: exactly one of
+    _ABORTED (cancelled) or a typed EngineError; never leave the consumer waiting."""
+    if isinstance(e, asyncio.CancelledError):
+        queue.put_nowait(_ABORTED)
+    elif isinstance(e, EngineError):
+        queue.put_nowait(e)
+    elif isinstance(e, httpx.ConnectTimeout | httpx.PoolTimeout):
+        what = "connecting to" if isinstance(e, httpx.ConnectTimeout) else "no connection available to"
+        queue.put_nowait(EngineError(f"{what} {url} timed out: {e}", "upstream_timeout", "connect_timeout"))
+    elif isinstance(e, httpx.ConnectError):
+        queue.put_nowait(EngineError(f"cannot connect to {url}: {e}", "upstream_error", "connect_failed"))
+    elif isinstance(e, httpx.ReadTimeout):
+        queue.put_nowait(EngineError(f"upstream {url} was silent for {silence_s:g}s", "upstream_timeout",
+                                     "silence_timeout"))
+    elif isinstance(e, httpx.TimeoutException):
+        queue.put_nowait(EngineError(f"upstream {url} timed out: {e!r}", "upstream_timeout", "timeout"))
+    elif isinstance(e, httpx.HTTPError):
+        queue.put_nowait(EngineError(f"upstream {url} failed: {e!r}", "upstream_error", "connection_lost"))
+    else:
+        queue.put_nowait(EngineError(f"forwarding to {url} failed: {e!r}", "upstream_error"))
 
 
 def _first_model(r: httpx.Response) -> str:
