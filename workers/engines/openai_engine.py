@@ -290,15 +290,16 @@ class OpenAIEngine:
             async with client.stream("POST", url, content=orjson.dumps(body)) as r:
                 if r.status_code >= 400:
                     _raise_for_status(r.status_code, await r.aread())
+                done = False
                 async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
+                    # After [DONE], read on to the body's end: the connection then goes back to the pool.
+                    if done or not line.startswith("data:"):
                         continue  # blank separators, comments, event: lines
                     data = line[5:].strip()
                     if data == "[DONE]":
                         queue.put_nowait(_DONE)
-                        async for _ in r.aiter_raw():  # the body's end: the connection goes back to the pool
-                            pass
-                        return
+                        done = True
+                        continue
                     try:
                         event = orjson.loads(data)
                     except ValueError:
@@ -314,8 +315,8 @@ class OpenAIEngine:
                             f"upstream error: {_error_message(data.encode())}", "upstream_error", "stream_error"
                         )
                     queue.put_nowait(event)
-            # Stream ended without [DONE]: what arrived still counts if it finished.
-            queue.put_nowait(_DONE)
+            if not done:  # Stream ended without [DONE]: what arrived still counts if it finished.
+                queue.put_nowait(_DONE)
         except BaseException as e:
             _report(e, queue, url, self.settings.silence_timeout_s)
             if isinstance(e, asyncio.CancelledError):
