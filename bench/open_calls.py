@@ -15,7 +15,7 @@ status but 200, a broken connection, a stream not ending in [DONE]).
 
 Bounded: the whole run stops itself after `--limit-s`. Traffic goes to 127.0.0.1 only.
 
-    .venv/bin/python bench/open_calls.py [--calls 5000] [--ramp-s 20] [--token-s 2] [--tokens 12]
+    .venv/bin/python bench/open_calls.py [--calls 5000] [--ramp-s 30] [--token-s 4] [--tokens 15]
 """
 
 from __future__ import annotations
@@ -207,10 +207,10 @@ async def main_async(args: argparse.Namespace, url: str, gw_pid: int, r: redis.R
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=5000)
-    ap.add_argument("--ramp-s", type=float, default=20.0)
-    ap.add_argument("--token-s", type=float, default=2.0)
-    ap.add_argument("--tokens", type=int, default=12)
-    ap.add_argument("--limit-s", type=float, default=240.0, help="the whole run stops after this")
+    ap.add_argument("--ramp-s", type=float, default=30.0)
+    ap.add_argument("--token-s", type=float, default=4.0)
+    ap.add_argument("--tokens", type=int, default=15)
+    ap.add_argument("--limit-s", type=float, default=300.0, help="the whole run stops after this")
     args = ap.parse_args()
     fds = raise_fd_limit()
     if fds < 2 * args.calls + 512:

@@ -46,7 +46,7 @@ from gateway.status import fleet_status
 log = logging.getLogger("fleet.gateway")
 JSON = "application/json"
 GATEWAY_POOL = 24  # ordinary Redis calls in flight at once; more wait for a connection
-POOL_WAIT_S = 10.0  # ... this long at most, then a 503 (redis_unavailable)
+POOL_WAIT_S = 30.0  # ... this long at most (a queue under load, not a dead Redis: that fails the calls in flight), then a 503
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
