@@ -46,7 +46,8 @@ from gateway.status import fleet_status
 log = logging.getLogger("fleet.gateway")
 JSON = "application/json"
 GATEWAY_POOL = 24  # ordinary Redis calls in flight at once; more wait for a connection
-POOL_WAIT_S = 30.0  # ... this long at most (a queue under load, not a dead Redis: that fails the calls in flight), then a 503
+# ... this long at most, then a 503. A queue under load, not a dead Redis: that fails the calls in flight.
+POOL_WAIT_S = 30.0
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -63,7 +64,7 @@ class Gateway:
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s, blocking=blocking) for t in cfg.tiers}
         self.admission = Admission(cfg, redis, self.lines)
-        self.results = ResultReader(blocking or redis)  # one reader of every open call's result stream
+        self.results = ResultReader()  # one reader of every open call's result stream
         self.keyring = keyring or KeyRing(cfg.keys)
         self.started = time.time()
 

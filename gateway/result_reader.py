@@ -33,8 +33,6 @@ import uuid
 from collections import deque
 from typing import Any
 
-import orjson
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from fleet.store.connection import MAX_BLOCK_S
@@ -44,7 +42,7 @@ log = logging.getLogger(__name__)
 
 COUNT = 256  # entries per stream per read: a burst of tokens arrives in one read
 PACE_PER_CALL_S = 1e-6  # the least time between two reads, per open call (see above)
-_BLOCK_MS = int(MAX_BLOCK_S * 1000)
+_BLOCK_MS = int(MAX_BLOCK_S * 1000)  # a read ends by this at the latest (a ring ends it sooner)
 _RETRY_AFTER_ERROR_S = 0.1
 
 
@@ -123,29 +121,26 @@ class _Tier:
         """Read every watched stream in one XREAD until no call is watching."""
         loop = asyncio.get_running_loop()
         while self.watches:
-            # The command built by hand, not through `xread(dict)`: with thousands of streams
-            # the dict and redis-py's argument handling cost more than the read itself.
             keys = [self.wake_key, *self.watches]
             ids = [self.wake_last, *(w.last for w in self.watches.values())]
             self.reading, self.rung = True, False
             began = loop.time()
             try:
-                resp = await self.reader.blocking.execute_command(
-                    "XREAD", "BLOCK", _BLOCK_MS, "COUNT", COUNT, "STREAMS", *keys, *ids)
+                news = await self.line.read_results(keys, ids, _BLOCK_MS, COUNT)
             except RedisError as e:
                 self._fail(e)
                 await asyncio.sleep(_RETRY_AFTER_ERROR_S)
                 continue
             finally:
                 self.reading = False
-            for key, entries in resp or ():
+            for key, last, events in news:
                 w = self.watches.get(key)
                 if w is None:
-                    if entries:
-                        self.wake_last = entries[-1][0]  # the wake stream, or a call that ended meanwhile
-                    continue
-                w.last = entries[-1][0]
-                w.events.extend(orjson.loads(fields[b"e"]) for _, fields in entries)
+                    if key == self.wake_key:
+                        self.wake_last = last
+                    continue  # a call that ended meanwhile
+                w.last = last
+                w.events.extend(events)
                 w._wake()
             pause = len(self.watches) * PACE_PER_CALL_S - (loop.time() - began)
             if pause > 0.0005:
@@ -160,10 +155,10 @@ class _Tier:
 
 
 class ResultReader:
-    """The gateway's result reader: `watch(line, rid)` for each call, before it joins the line."""
+    """The gateway's result reader: `watch(line, rid)` for each call, before it joins the line.
+    Each tier's reads go through its `Line` on the line's blocking client."""
 
-    def __init__(self, blocking: Redis) -> None:
-        self.blocking = blocking
+    def __init__(self) -> None:
         self.id = uuid.uuid4().hex[:12]
         self._tiers: dict[str, _Tier] = {}
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -23,7 +23,7 @@ async def setup(redis_url: str):
     calls = connect(redis_url, "calls", max_connections=4, wait_for_connection_s=5, name=f"{name}:calls")
     blocking = connect(redis_url, "blocking", max_connections=2, wait_for_connection_s=5, name=f"{name}:blocking")
     line = Line(calls, name, "routing", result_ttl_s=30, rate_window_s=5, blocking=blocking)
-    reader = ResultReader(blocking)
+    reader = ResultReader()
     yield line, reader, calls, name
     await reader.stop()
     await calls.aclose()
