@@ -100,7 +100,8 @@ class Run:
     def __init__(self, url: str, tokens: int) -> None:
         self.url = url
         self.tokens = tokens
-        self.open = 0
+        self.open = 0  # slow calls in flight: sent and not yet ended (waiting for a first chunk or streaming)
+        self.streaming = 0  # ... of which past their first chunk
         self.peak = 0
         self.ttfc: list[float] = []
         self.errors: collections.Counter[str] = collections.Counter()
@@ -110,7 +111,11 @@ class Run:
         body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hold"}],
                              "max_tokens": tokens, "stream": True})
         t0 = time.perf_counter()
-        counted = False
+        held = model == "slow"  # counted among the open calls
+        streaming = False
+        if held:
+            self.open += 1
+            self.peak = max(self.peak, self.open)
         try:
             async with s.post(self.url, data=body, headers={"content-type": "application/json"}) as r:
                 if r.status != 200:
@@ -119,10 +124,9 @@ class Run:
                 first = await r.content.readany()
                 if ttfc is not None:
                     ttfc.append(time.perf_counter() - t0)
-                if model == "slow":
-                    counted = True
-                    self.open += 1
-                    self.peak = max(self.peak, self.open)
+                if held:
+                    streaming = True
+                    self.streaming += 1
                 rest = await r.read()
                 if not (first + rest).rstrip().endswith(b"[DONE]") or b'"error"' in rest:
                     self.errors[f"stream ended without [DONE]: {rest[-120:]!r}"] += 1
@@ -131,8 +135,10 @@ class Run:
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             self.errors[f"{type(e).__name__}: {str(e)[:80]}"] += 1
         finally:
-            if counted:
+            if held:
                 self.open -= 1
+            if streaming:
+                self.streaming -= 1
 
 
 async def probes(run: Run, s: aiohttp.ClientSession, n: int, out: list[float]) -> None:
@@ -171,7 +177,7 @@ async def main_async(args: argparse.Namespace, url: str, gw_pid: int, r: redis.R
         # A poll with a deadline (the calls are many tasks; none owns an event to set).
         while run.open < args.calls * 0.98 and time.monotonic() - t0 < args.ramp_s + args.token_s * 3:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        peak_open = run.open
+        peak_open, peak_streaming = run.open, run.streaming
         rss1 = rss_kb(gw_pid)
         clients = r.client_list()
         by_name = collections.Counter(c.get("name") or "(unnamed)" for c in clients)
@@ -185,7 +191,8 @@ async def main_async(args: argparse.Namespace, url: str, gw_pid: int, r: redis.R
 
     gw_conns = sum(n for name, n in by_name.items() if str(name).startswith("gateway"))
     print(f"calls {args.calls} over {args.ramp_s:g} s, a token every {args.token_s:g} s, {args.tokens} tokens each")
-    print(f"open at the peak: {peak_open} (most ever {run.peak}); completed {run.completed}; "
+    print(f"open at the peak: {peak_open}, {peak_streaming} of them streaming (most open ever {run.peak}); "
+          f"completed {run.completed}; "
           f"cut at the time limit {unfinished}")
     print(f"Redis connections at the peak: gateway {gw_conns} "
           f"({', '.join(f'{k}={v}' for k, v in sorted(by_name.items(), key=str))}), all {len(clients)}")

@@ -63,26 +63,33 @@ class Watch:
     async def next(self, timeout_s: float) -> dict[str, Any] | None:
         """The next event, or None when `timeout_s` passes first. Raises the reader's Redis error."""
         if not self.events and self.error is None:
-            self._ready = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            self._ready = ready = loop.create_future()
+            # A plain timer rather than asyncio.timeout: this runs for every event of every call.
+            timer = loop.call_later(max(0.0, timeout_s), _settle, ready)
             try:
-                async with asyncio.timeout(timeout_s):
-                    await self._ready
-            except TimeoutError:
-                return None
+                await ready
             finally:
+                timer.cancel()
                 self._ready = None
         if self.events:
             return self.events.popleft()
-        assert self.error is not None
-        raise self.error
+        if self.error is not None:
+            raise self.error
+        return None  # the timeout passed
 
     def close(self) -> None:
         """Stop watching (the call ended); idempotent."""
         self._tier.watches.pop(self.key, None)
 
     def _wake(self) -> None:
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_result(None)
+        if self._ready is not None:
+            _settle(self._ready)
+
+
+def _settle(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
 
 
 class _Tier:
