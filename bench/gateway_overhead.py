@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import orjson
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -126,15 +128,21 @@ async def load(url: str, model: str, concurrency: int, total: int, tokens: int,
         return lat, time.perf_counter() - t0
 
 
+def redis_calls(r: redis.Redis) -> collections.Counter[str]:
+    """Commands Redis has run so far, by name (scripts count as evalsha)."""
+    return collections.Counter({k.removeprefix("cmdstat_"): int(v["calls"])
+                                for k, v in r.info("commandstats").items()})
+
+
 async def measure(urls: dict[str, str], pids: dict[str, int], paths: list[str], levels: list[int],
-                  requests: int, tokens: int) -> None:
+                  requests: int, tokens: int, r: redis.Redis) -> None:
     for path in ["baseline", *paths]:
         await _wait_http(urls[path], TIER.get(path, "mock"))
     names = list(pids)
     print("figures: p50/p99 ms of the whole call (non-streaming) or to the first chunk (streaming); "
           "CPU ms per request by process")
     print(f"{'path':<9}{'stream':>7}{'conc':>5}{'req':>6}{'p50':>8}{'p99':>8}{'req/s':>8}  "
-          + " ".join(f"{n:>8}" for n in names))
+          + " ".join(f"{n:>8}" for n in names) + "  redis cmds/req")
     rows: dict[tuple[str, bool, int], tuple[float, float, float]] = {}
     for stream in (False, True):
         for conc in levels:
@@ -142,13 +150,16 @@ async def measure(urls: dict[str, str], pids: dict[str, int], paths: list[str], 
             for path in ["baseline", *paths]:
                 model = TIER.get(path, "mock")
                 await load(urls[path], model, conc, min(100, n), tokens, stream)  # warm-up
-                before = {k: cpu_s(p) for k, p in pids.items()}
+                before, cmds = {k: cpu_s(p) for k, p in pids.items()}, redis_calls(r)
                 lat, wall = await load(urls[path], model, conc, n, tokens, stream)
                 cpu = {k: (cpu_s(p) - before[k]) / n * 1e3 for k, p in pids.items()}
+                cmds = redis_calls(r) - cmds
                 rows[(path, stream, conc)] = (pct(lat, 0.5), pct(lat, 0.99), n / wall)
                 p50, p99, rps = rows[(path, stream, conc)]
                 print(f"{path:<9}{'yes' if stream else 'no':>7}{conc:>5}{n:>6}{p50 * 1e3:>8.2f}{p99 * 1e3:>8.2f}"
-                      f"{rps:>8.0f}  " + " ".join(f"{cpu[k]:>8.2f}" for k in names), flush=True)
+                      f"{rps:>8.0f}  " + " ".join(f"{cpu[k]:>8.2f}" for k in names)
+                      + f"  {sum(cmds.values()) / n:.1f} ("
+                      + ", ".join(f"{c} {v / n:.1f}" for c, v in cmds.most_common(4)) + ")", flush=True)
     print("\nadded by the fleet against the baseline of the same run (ms; throughput ratio):")
     for path in paths:
         for stream in (False, True):
@@ -171,11 +182,12 @@ def main() -> None:
     paths = [p for p in args.paths.split(",") if p]
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    redis = PrivateRedis().start()
+    server = PrivateRedis().start()
+    server_url = server.url
     gw_port, mock_port = free_port(), free_port()
     cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
     cfg.write_text(FLEET % {"mock": mock_port})
-    env = {**os.environ, "REDIS_URL": redis.url, "FLEET_CONFIG": str(cfg)}
+    env = {**os.environ, "REDIS_URL": server_url, "FLEET_CONFIG": str(cfg)}
     py = sys.executable
 
     def part(name: str, *argv: str) -> list[str]:
@@ -190,11 +202,12 @@ def main() -> None:
     for path in paths:
         procs[f"w-{path}"] = subprocess.Popen(part(f"worker-{path}", "worker", "--tier", TIER[path]), env=env,
                                               cwd=ROOT)
-    pids = {"client": os.getpid(), **{k: p.pid for k, p in procs.items()}, "redis": redis.proc.pid}
+    pids = {"client": os.getpid(), **{k: p.pid for k, p in procs.items()}, "redis": server.proc.pid}
     gw = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
     urls = {"baseline": f"http://127.0.0.1:{mock_port}/v1/chat/completions", **dict.fromkeys(paths, gw)}
+    r = redis.Redis.from_url(server_url)
     try:
-        asyncio.run(measure(urls, pids, paths, levels, args.requests, args.tokens))
+        asyncio.run(measure(urls, pids, paths, levels, args.requests, args.tokens, r))
     finally:
         for p in procs.values():
             p.send_signal(2)  # SIGINT: cProfile writes its stats on a clean exit
@@ -203,7 +216,8 @@ def main() -> None:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        redis.stop()
+        r.close()
+        server.stop()
 
 
 if __name__ == "__main__":
