@@ -142,7 +142,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], paths: list[str], 
     print("figures: p50/p99 ms of the whole call (non-streaming) or to the first chunk (streaming); "
           "CPU ms per request by process")
     print(f"{'path':<9}{'stream':>7}{'conc':>5}{'req':>6}{'p50':>8}{'p99':>8}{'req/s':>8}  "
-          + " ".join(f"{n:>8}" for n in names) + "  redis cmds/req")
+          + " ".join(f"{n:>8}" for n in names) + "  Redis commands/req (calls inside scripts included)")
     rows: dict[tuple[str, bool, int], tuple[float, float, float]] = {}
     for stream in (False, True):
         for conc in levels:
