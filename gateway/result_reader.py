@@ -99,7 +99,7 @@ class _Tier:
         self.reader = reader
         self.line = line
         self.watches: dict[bytes, Watch] = {}
-        self.wake_key = line.keys.result(f"~gw-{reader.id}").encode()
+        self.wake_key = line.reader_wake_key(reader.id)
         self.wake_last = b"0-0"
         self.reading = False  # an XREAD is in flight: a new watch must ring the wake stream
         self.rung = False  # ... and has done so for this XREAD
@@ -117,10 +117,7 @@ class _Tier:
 
     async def _ring(self) -> None:
         try:
-            async with self.line.redis.pipeline(transaction=False) as p:
-                p.xadd(self.wake_key, {"w": "1"}, maxlen=1, approximate=False)
-                p.expire(self.wake_key, self.line.result_ttl_s)
-                await p.execute()
+            await self.line.ring_reader(self.wake_key)
         except RedisError as e:  # the read still ends at its block; the new call waits that long
             log.warning("ringing the result reader of %s failed: %s", self.line.tier, e)
 
@@ -134,7 +131,9 @@ class _Tier:
             began = loop.time()
             try:
                 news = await self.line.read_results(keys, ids, _BLOCK_MS, COUNT)
-            except RedisError as e:
+            except Exception as e:  # Redis away, or an entry that is no event: never a reader that dies
+                if not isinstance(e, RedisError):
+                    log.exception("reading the result streams of %s failed", self.line.tier)
                 self._fail(e)
                 await asyncio.sleep(_RETRY_AFTER_ERROR_S)
                 continue

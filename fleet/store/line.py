@@ -224,6 +224,18 @@ class Line:
         return [(key, entries[-1][0], [orjson.loads(f[b"e"]) if b"e" in f else {} for _, f in entries])
                 for key, entries in resp or () if entries]
 
+    def reader_wake_key(self, reader_id: str) -> bytes:
+        """A result reader's own stream in this tier (same slot as the results): `ring_reader`
+        adds to it, and the reader names it in every `read_results`."""
+        return self.keys.result(f"~gw-{reader_id}").encode()
+
+    async def ring_reader(self, wake_key: bytes) -> None:
+        """End a blocked `read_results` that names `wake_key` (one entry kept, with the result TTL)."""
+        async with self.redis.pipeline(transaction=False) as p:
+            p.xadd(wake_key, {"w": "1"}, maxlen=1, approximate=False)
+            p.expire(wake_key, self.result_ttl_s)
+            await p.execute()
+
     async def drop_events(self, rid: str) -> None:
         """The result stream has been read: drop it now rather than at its TTL."""
         await self.redis.unlink(self.keys.result(rid))
