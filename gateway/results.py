@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fleet.store.line import Line
+from gateway.redis_loss import GRACE_S, spawn
 from gateway.result_reader import Watch
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
-_unlinks: set[asyncio.Task[Any]] = set()
 
 
 class ClientGone(Exception):
@@ -35,8 +36,9 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
             left = deadline_at - loop.time()
             if left <= 0 and not expired_sent:
                 expired_sent = True
-                await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                   "msg": "deadline passed before the request finished"})
+                async with asyncio.timeout(GRACE_S):  # a frozen Redis must not hold the caller's answer
+                    await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                       "msg": "deadline passed before the request finished"})
             if left < -GIVE_UP_AFTER_S:
                 # The final event never came (the request's keys are gone: an evicting
                 # or restarted Redis). The caller still gets its answer, not a hang.
@@ -52,9 +54,18 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
     finally:
         watch.close()
         # Read, so drop it now rather than at its TTL, off the caller's path.
-        task = asyncio.get_running_loop().create_task(line.drop_events(rid))
-        _unlinks.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(_unlinks.discard)
+        spawn(_drop(line, rid))
+
+
+async def close_events(stream: AsyncIterator[dict[str, Any]]) -> None:
+    """Close a request's event reader off the caller's path; a reader already gone is fine."""
+    with contextlib.suppress(Exception):
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _drop(line: Line, rid: str) -> None:
+    with contextlib.suppress(Exception):  # Redis away: the stream's TTL drops it instead
+        await line.drop_events(rid)
 
 
 async def wait_disconnect(receive: Any) -> None:
@@ -71,6 +82,9 @@ async def first_or_gone(agen: AsyncIterator[dict[str, Any]], receive: Any) -> di
     gone = asyncio.ensure_future(wait_disconnect(receive))
     try:
         await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled (the deadline's bound): the pending read must not run on
+        nxt.cancel()
+        raise
     finally:
         gone.cancel()
     if nxt.done():

@@ -76,3 +76,15 @@ def test_cli_reports_bad_config_without_traceback(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "tiers.routing.slots" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ("[{name: a, sha256: " + "a" * 64 + ", tiers: [nosuchtier]}]", "keys.0.tiers"),
+    ("[{name: a, sha256: " + "a" * 64 + ", max_priority: urgent}]", "keys.0.max_priority"),
+    ("[{name: a, sha256: " + "a" * 64 + "}, {name: a, sha256: " + "b" * 64 + "}]", "keys.1.name"),
+])
+def test_a_bad_key_is_named(tmp_path: Path, keys: str, named: str) -> None:
+    """The same checks `fleet keys add` runs (issue 12): a tier that exists, a class, a unique name."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, GOOD + f"keys: {keys}\n"))
+    assert named in str(e.value), str(e.value)

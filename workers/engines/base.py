@@ -39,6 +39,8 @@ class EngineRequest:
     # The caller reads a stream of tokens; False lets an engine that forwards (openai) ask
     # its upstream for one whole answer, which costs less than a chunk per token.
     stream: bool = True
+    # The request's class rank (fleet.config.Priority): a lower number goes first, as in vLLM.
+    priority: int = 0
 
 
 @dataclass(slots=True)
