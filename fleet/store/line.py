@@ -292,6 +292,14 @@ class Line:
         return [(key, entries[-1][0], [orjson.loads(f[b"e"]) if b"e" in f else {} for _, f in entries])
                 for key, entries in resp or () if entries]
 
+    async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
+        """One request's result events after entry `after` ("0-0": from the start), each with its
+        entry id, waiting up to `block_ms` (blocking client). For a single reader (tests, benches
+        driving the line directly); the gateway reads every call through `read_results`."""
+        block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
+        resp = await self.blocking.xread({self.keys.result(rid): after}, block=block, count=256)
+        return [(_s(entry), orjson.loads(fields[b"e"])) for entry, fields in resp[0][1]] if resp else []
+
     def reader_wake_key(self, reader_id: str) -> bytes:
         """A result reader's own stream in this tier (same slot as the results): `ring_reader`
         adds to it, and the reader names it in every `read_results`."""
