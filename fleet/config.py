@@ -242,7 +242,8 @@ class FleetConfig(BaseSettings):
     rate_window_s: float = Field(10.0, gt=0)
     # A worker writes the streamed tokens of all its requests together, at most this
     # often: fewer Redis writes and SSE chunks for CPU the engine needs; 0 writes as
-    # fast as Redis takes them. First tokens and last tokens never wait.
+    # fast as Redis takes them. First tokens and last tokens never wait, and a replica
+    # streaming to 16 callers or fewer waits for no window (workers/streaming.py).
     stream_window_ms: int = Field(20, ge=0, le=1000)
     tiers: dict[str, TierConfig]
     keys: list[ApiKey] = Field(default_factory=list)

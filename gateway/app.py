@@ -50,12 +50,16 @@ from gateway.redis_loss import (
     unavailable_error,
 )
 from gateway.request import ClientLeft, HeaderLimit, parse_chain_id, parse_deadline, read_body, validate
+from gateway.result_reader import ResultReader, Watch
 from gateway.results import ClientGone, close_events, events, first_or_gone
 from gateway.schemas import ChatBody, CompletionBody
 from gateway.status import fleet_status
 
 log = logging.getLogger("fleet.gateway")
 JSON = "application/json"
+GATEWAY_POOL = 24  # ordinary Redis calls in flight at once; more wait for a connection
+# ... this long at most, then a 503. A queue under load, not a dead Redis: that fails the calls in flight.
+POOL_WAIT_S = 30.0
 STATUS_BOUND_S = 3.0  # GET /v1/fleet/status reads every tier: a few round trips each
 
 
@@ -73,6 +77,7 @@ class Gateway:
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s, blocking=blocking) for t in cfg.tiers}
         self.admission = Admission(cfg, redis, self.lines)
+        self.results = ResultReader()  # one reader of every open call's result stream
         self.keyring = keyring or KeyRing(cfg.keys)
         self.orphans = Orphans()  # answered 503 while Redis was away; ended in the line when it returns
         self.started = time.time()
@@ -106,7 +111,10 @@ class Gateway:
 def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        clients = Clients.open(redis_url, name="gateway", max_connections=1024, max_blocking=4096)
+        # Connections stay bounded whatever the open-call count: the result reader holds one
+        # blocking connection per tier, and the ordinary calls queue for a pool of GATEWAY_POOL.
+        clients = Clients.open(redis_url, name="gateway", max_connections=GATEWAY_POOL,
+                               max_blocking=len(cfg.tiers) + 1, wait_for_connection_s=POOL_WAIT_S)
         redis = clients.calls
         gw = Gateway(cfg, redis, app.state.keyring, blocking=clients.blocking)
         app.state.gw = gw
@@ -119,6 +127,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             yield
         finally:
             await gw.admission.stop()
+            await gw.results.stop()
             reaper.cancel()
             await asyncio.gather(reaper, return_exceptions=True)
             await clients.aclose()
@@ -229,6 +238,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         line = gw.lines[tier]
         headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
         ticket: Ticket | None = None
+        watch: Watch | None = None
         stream: AsyncIterator[dict[str, Any]] | None = None
         try:
             # Every Redis call until the first event runs under the caller's deadline (plus a
@@ -241,12 +251,16 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
                     rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
                     prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
                     expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(explicit)))
+                # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
+                watch = gw.results.watch(line, rid)
                 await ticket.enqueue(line, orjson.dumps(payload), chain)
-                stream = events(gw.redis, line, rid, deadline_at)
+                stream = events(watch, line, deadline_at)
                 first = await first_or_gone(stream, request.receive)
         except (RedisError, TimeoutError) as e:
             # Redis away or silent past the deadline: the caller hears 503 now, and the request,
             # which may have joined the line, is ended there once Redis answers (never served).
+            if watch is not None:
+                watch.close()
             if stream is not None:
                 spawn(close_events(stream))
             if ticket is not None:
@@ -257,7 +271,8 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             err.headers.update(headers)
             raise err from None
         except ClientGone:
-            assert ticket is not None and stream is not None
+            assert ticket is not None and stream is not None and watch is not None
+            watch.close()
             said["counted"] = "1"
             with anyio.CancelScope(shield=True):
                 ended = await end_in_line(line, rid, "cancelled")
@@ -286,6 +301,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         except APIError:
             raise
         except BaseException:
+            watch.close()
             with anyio.CancelScope(shield=True):
                 # Whatever broke here, the request must not run on with nobody to read it:
                 # end it in the line too (no-op if ended), or leave that to the orphan sweep.

@@ -7,11 +7,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from redis.asyncio import Redis
-
-from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.line import Line
 from gateway.redis_loss import GRACE_S, spawn
+from gateway.result_reader import Watch
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
@@ -21,15 +19,16 @@ class ClientGone(Exception):
     """The caller disconnected."""
 
 
-async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> AsyncIterator[dict[str, Any]]:
-    """Yield the request's events until its final one (done or err).
+async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[dict[str, Any]]:
+    """Yield the request's events until its final one (done or err), as the
+    process's result reader (`gateway.result_reader`) hands them to `watch`.
 
     When the gateway's own clock passes the deadline, the request is ended
     as expired (whatever state it is in: in the line it leaves, running it is
     aborted in its engine) and the 504 event that `finish` writes is read
     like any other. If a worker finished first, its event wins.
     """
-    last = "0-0"
+    rid = watch.rid
     expired_sent = False
     loop = asyncio.get_running_loop()
     try:
@@ -46,17 +45,14 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
                 yield {"t": "err", "status": 504, "type": "deadline_exceeded",
                        "msg": "deadline passed and the request's result was lost"}
                 return
-            block_ms = min(int(left * 1000) + 1 if left > 0 else 1000, int(MAX_BLOCK_S * 1000))
-            # The read returns by the end of its block; one that does not is a Redis that stopped
-            # answering (frozen: no reset comes), which the caller hears of now, as a TimeoutError.
-            async with asyncio.timeout(block_ms / 1000 + GRACE_S):
-                got = await line.read_events(rid, last, block_ms)
-            for entry_id, ev in got:
-                last = entry_id
-                yield ev
-                if ev["t"] in ("done", "err"):
-                    return
+            ev = await watch.next(left if left > 0 else GIVE_UP_AFTER_S + left + 0.001)
+            if ev is None:
+                continue
+            yield ev
+            if ev["t"] in ("done", "err"):
+                return
     finally:
+        watch.close()
         # Read, so drop it now rather than at its TTL, off the caller's path.
         spawn(_drop(line, rid))
 

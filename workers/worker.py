@@ -223,6 +223,7 @@ class Worker:
             messages=p.get("messages"), max_tokens=int(p.get("max_tokens", 16)),
             temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
             stop=list(p.get("stop") or []), seed=p.get("seed"), ignore_eos=bool(p.get("ignore_eos", False)),
+            stream=stream,
             priority=attempt_rank(c.priority),
         )
         t0 = time.monotonic()

@@ -64,6 +64,10 @@ def seeds(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
 def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
     opts = dict(options)
     opts.pop("retries", None)
+    # redis-py's cluster has no waiting pool: a per-node cap would fail callers past it
+    # ("Too many connections") instead of making them wait, so a cap meant to wait is dropped.
+    if opts.pop("wait_for_connection_s", None) is not None:
+        opts.pop("max_connections", None)
     return opts
 
 

@@ -281,13 +281,38 @@ class Line:
             keys += [self.keys.request(rid), self.keys.result(rid)]
         return [int(i) for i in await self._emit(keys=keys, args=args)]
 
+    async def read_results(self, keys: list[bytes], after: list[bytes],
+                           block_ms: int, count: int = 256) -> list[tuple[bytes, bytes, list[dict[str, Any]]]]:
+        """One XREAD over many result streams (`keys`, each after its entry id in `after`, "0-0":
+        from the start), on the blocking client, waiting up to `block_ms` for any entry. Returns
+        (key, last entry id, events) for each stream with news. The gateway's result reader is the
+        one reader (`gateway.result_reader`); a key that is no request's (its wake stream) reads alike."""
+        block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
+        # Built by hand, not through `xread(dict)`: with thousands of streams the dict and
+        # redis-py's argument handling cost more than the read itself.
+        resp = await self.blocking.execute_command("XREAD", "BLOCK", block, "COUNT", count, "STREAMS", *keys, *after)
+        return [(key, entries[-1][0], [orjson.loads(f[b"e"]) if b"e" in f else {} for _, f in entries])
+                for key, entries in resp or () if entries]
+
     async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
-        """The request's result events after entry `after` ("0-0": from the start), each with its
-        entry id, waiting up to `block_ms` for one (on the blocking client). The caller of the
-        request is their one reader."""
+        """One request's result events after entry `after` ("0-0": from the start), each with its
+        entry id, waiting up to `block_ms` (blocking client). For a single reader (tests, benches
+        driving the line directly); the gateway reads every call through `read_results`."""
         block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
         resp = await self.blocking.xread({self.keys.result(rid): after}, block=block, count=256)
         return [(_s(entry), orjson.loads(fields[b"e"])) for entry, fields in resp[0][1]] if resp else []
+
+    def reader_wake_key(self, reader_id: str) -> bytes:
+        """A result reader's own stream in this tier (same slot as the results): `ring_reader`
+        adds to it, and the reader names it in every `read_results`."""
+        return self.keys.result(f"~gw-{reader_id}").encode()
+
+    async def ring_reader(self, wake_key: bytes) -> None:
+        """End a blocked `read_results` that names `wake_key` (one entry kept, with the result TTL)."""
+        async with self.redis.pipeline(transaction=False) as p:
+            p.xadd(wake_key, {"w": "1"}, maxlen=1, approximate=False)
+            p.expire(wake_key, self.result_ttl_s)
+            await p.execute()
 
     async def drop_events(self, rid: str) -> None:
         """The result stream has been read: drop it now rather than at its TTL."""
