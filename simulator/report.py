@@ -169,7 +169,8 @@ def checks(r: SimResult, bound_hours: float | None = None,
     if exp.get("beats_baselines") and rows:
         me = next(x for x in rows if x["policy"] == r.policy)
         others = [x for x in rows if x["rank"] is not None and x["policy"] != r.policy]
-        worse = [f"{x['policy']} {x['replica_hours']:.2f} h" for x in others if x["replica_hours"] < me["replica_hours"]]
+        worse = [f"{x['policy']} {x['replica_hours']:.2f} h" for x in others
+                 if x["replica_hours"] < me["replica_hours"]]
         worse += [f"{x['policy']} committed {x['committed_goodput_rps']:.3f}/s" for x in others
                   if x["committed_goodput_rps"] > me["committed_goodput_rps"] + 1e-9]
         out.append(("no more replica-hours and no less committed goodput than any baseline", not worse,
@@ -259,7 +260,8 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
                f"({'within' if s['within_budget'] else 'OVER'} budget); "
                f"${_f(s['cost_per_million_useful_tokens_usd'])} per million useful tokens; "
                f"flaps {sum(s['flaps'].values())}"
-               + (f"; {s['bound_ratio']:.2f}x the clairvoyant every-call + floors bound" if s.get("bound_ratio") else ""))
+               + (f"; {s['bound_ratio']:.2f}x the clairvoyant every-call + floors bound"
+                  if s.get("bound_ratio") else ""))
     return "\n".join(out)
 
 

@@ -29,6 +29,7 @@ from fleet.policy.admission import (
     predicted_wait_s,
     queue_wait_s,
     service_forecast,
+    wait_with_ceiling_s,
 )
 from fleet.policy.calibration import (
     Calibration,
@@ -142,6 +143,7 @@ __all__ = [
     "scaling_state",
     "seconds_to_drain",
     "service_forecast",
+    "wait_with_ceiling_s",
     "service_rate",
     "start_timeout_s",
     "startup_estimate",
