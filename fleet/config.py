@@ -213,11 +213,13 @@ def wait_limit_inversions(limits: dict[str, float]) -> list[str]:
     The limits shed from the bottom: as a line grows, background is refused first,
     then speculative, then interactive (committed is judged on its deadline alone).
     A higher class with the tighter limit is refused while the lower one still joins.
-    A class without a limit is unbounded."""
+    Only classes given a limit are compared."""
     out = []
     for i, hi in enumerate(CLASSES):
         for lo in CLASSES[i + 1:]:
-            a, b = limits.get(hi, float("inf")), limits.get(lo, float("inf"))
+            if hi not in limits or lo not in limits:
+                continue
+            a, b = limits[hi], limits[lo]
             if a < b:
                 out.append(f"{hi} ({a:g} s) is tighter than {lo} ({b:g} s)")
     return out

@@ -79,7 +79,7 @@ def test_committed_is_refused_only_when_even_the_ceiling_started_now_misses_its_
     w = wait_with_ceiling_s(200, READY, counted=2, ceiling=8, per_replica_rate=5.0, startup_s=5.0)
     d = admit(Priority.committed, ahead=200, forecast=READY, service_s=0.5, wait_limit_s=2.0, deadline_s=4.0,
               committed_wait_s=w)
-    assert d.reason == "deadline_unmeetable" and d.retry_after_s >= math.ceil((w + 0.5 - 4.0))
+    assert d.reason == "deadline_unmeetable" and d.retry_after_s >= math.ceil(w + 0.5 - 4.0)
 
 
 def test_service_time_alone_over_the_deadline_says_so() -> None:

@@ -143,7 +143,6 @@ __all__ = [
     "scaling_state",
     "seconds_to_drain",
     "service_forecast",
-    "wait_with_ceiling_s",
     "service_rate",
     "start_timeout_s",
     "startup_estimate",
@@ -152,6 +151,7 @@ __all__ = [
     "tier_has_budget",
     "token_burn_since",
     "token_burn_usd_per_s",
+    "wait_with_ceiling_s",
     "waiting",
     "wedged",
 ]
