@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 import tempfile
 from datetime import datetime, time, timedelta
 from pathlib import Path
@@ -64,6 +65,7 @@ from fleet.config import (
     valid_timezone,
 )
 from fleet.durations import duration_s
+from simulator.tracefile import TraceArrival, TraceError, rate_points, read_trace, replay
 
 REPO = DEFAULT_CONFIG.parent.parent
 
@@ -194,7 +196,7 @@ class ScenarioFile(_Strict):
     fleet_config: str | None = None
     fleet: dict[str, Any] = Field(default_factory=dict)
     deadlines_ms: dict[str, float] = Field(default_factory=dict)
-    arrivals: list[Arrival] = Field(default_factory=list)
+    arrivals: list[Arrival | TraceArrival] = Field(default_factory=list)
     chains: list[Chain] = Field(default_factory=list)
     # Checks a run can be held to: named expectations the report prints as pass/fail.
     expect: dict[str, Any] = Field(default_factory=dict)
@@ -230,8 +232,20 @@ class Scenario:
         self.start = start
         self.start_epoch = start.timestamp()
         self.duration_s = spec.duration_s
+        self.dir = path.parent if path else None
         for i, a in enumerate(spec.arrivals):
             self._known_tier(a.tier, f"arrivals.{i}.tier")
+            if isinstance(a, TraceArrival):
+                try:
+                    read_trace(a.trace, self.dir)
+                    if a.trace.start_at is not None:
+                        time.fromisoformat(a.trace.start_at)
+                except TraceError as e:
+                    raise ScenarioError(f"arrivals.{i}.{e}" if str(e).startswith("trace.")
+                                        else f"arrivals.{i}.trace: {e}") from None
+                except ValueError:
+                    raise ScenarioError(f"arrivals.{i}.trace.start_at: not a time of day: "
+                                        f"{a.trace.start_at!r}") from None
         for i, c in enumerate(spec.chains):
             for j, st in enumerate(c.stages):
                 self._known_tier(st.tier, f"chains.{i}.stages.{j}.tier")
@@ -272,8 +286,16 @@ class Scenario:
             return given
         return self.spec.deadlines_ms.get(cls, float(self.cfg.default_deadline_ms))
 
-    def rate_points(self, p: _Process) -> list[tuple[float, float]]:
-        """The rate curve as (seconds, req/s) points, bursts folded in as steps."""
+    def trace_calls(self, a: TraceArrival, rng: random.Random) -> list[tuple[float, int, int]]:
+        """A trace arrival's calls: (seconds into the replay, prompt, output), its copies drawn from `rng`."""
+        offset = self.at(a.trace.start_at) if a.trace.start_at else 0.0
+        return replay(a.trace, read_trace(a.trace, self.dir), offset, self.duration_s, rng)
+
+    def rate_points(self, p: _Process | TraceArrival) -> list[tuple[float, float]]:
+        """The rate curve as (seconds, req/s) points, bursts folded in as steps (a trace: per minute)."""
+        if isinstance(p, TraceArrival):
+            calls = self.trace_calls(p, random.Random(f"{self.spec.seed}/rate"))
+            return rate_points([t for t, _, _ in calls], self.duration_s)
         raw = [("00:00", float(p.rate))] if isinstance(p.rate, int | float) else p.rate
         pts = sorted((self.at(c) if isinstance(c, str) else float(c), float(r)) for c, r in raw)
         if isinstance(p.rate, int | float):
