@@ -153,7 +153,7 @@ def rate_with_margin(arrival_rate: float, window_s: float, sd: float = SCALE_IN_
     `window_s` (the rate itself when no window is known)."""
     if arrival_rate <= 0 or window_s <= 0:
         return max(0.0, arrival_rate)
-    return arrival_rate + sd * math.sqrt(arrival_rate / window_s)
+    return max(0.0, arrival_rate + sd * math.sqrt(arrival_rate / window_s))
 
 
 def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
@@ -188,7 +188,11 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # Demand. Desired never depends on `starting`: an order placed last tick
     # raises `have`, not the need, so the same need is never ordered twice.
     r = max(s.per_replica_rate, 1e-9)
-    by_arrival = replicas_for(s.arrival_rate, r) if s.arrival_rate > 0 else 0
+    # Arrivals alone order replicas only for a rate clear of its Poisson noise (the count
+    # over the window, less SCALE_IN_NOISE_SD deviations): a high draw is no reason to pay
+    # a cold start, and a real excess shows in the line within seconds (`by_line`).
+    lo = rate_with_margin(s.arrival_rate, s.rate_window_s, -SCALE_IN_NOISE_SD)
+    by_arrival = replicas_for(lo, r) if lo > 0 else 0
     # The line now plus what piles up while new replicas start, drained within the threshold.
     growth = backlog_during_startup(s.arrival_rate, s.ready * r, s.startup_s)
     backlog = s.waiting + growth
