@@ -81,9 +81,8 @@ class TraceArrival(BaseModel):
         for n in names:
             if n not in CLASSES:
                 raise ValueError(f"unknown priority class {n!r}; classes are {', '.join(CLASSES)}")
-        if isinstance(v, dict):
-            if any(f < 0 for f in v.values()) or sum(v.values()) <= 0:
-                raise ValueError("class fractions must be >= 0 and add up to more than 0")
+        if isinstance(v, dict) and (any(f < 0 for f in v.values()) or sum(v.values()) <= 0):
+            raise ValueError("class fractions must be >= 0 and add up to more than 0")
         return v
 
     def fractions(self) -> list[tuple[str, float]]:
