@@ -88,7 +88,7 @@ def test_a_higher_class_with_a_tighter_wait_limit_is_warned_about(tmp_path: Path
         warnings.simplefilter("error", ConfigWarning)
         load_config(ROOT / "configs" / "fleet.yaml")
     assert wait_limit_inversions({"committed": 30, "interactive": 4, "speculative": 4, "background": 4}) == []
-    text = GOOD.replace("    drain_threshold_s: 2.0",
-                        "    drain_threshold_s: 2.0\n    wait_limit_s: {committed: 2, interactive: 8, background: 30}", 1)
+    inverted = "    wait_limit_s: {committed: 2, interactive: 8, background: 30}"
+    text = GOOD.replace("    drain_threshold_s: 2.0", "    drain_threshold_s: 2.0\n" + inverted, 1)
     with pytest.warns(ConfigWarning, match=r"tiers\.\w+\.wait_limit_s: committed \(2 s\) is tighter than interactive"):
         load_config(_write(tmp_path, text))
