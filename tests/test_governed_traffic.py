@@ -133,7 +133,9 @@ def test_compare_json_gives_the_goal_fields_per_policy(tmp_path: Path) -> None:
 def test_steady_poisson_load_never_flaps() -> None:
     """The issue's case: steady 20-24/s on routing. 27 scale-ins over two hours, each undone
     minutes later, before the noise margin and the stabilisation window; none now."""
-    r = simulate(load_scenario(SCENARIOS / "steady-evening.yaml"), "fleet")
+    raw = _raw("steady-evening")
+    raw["duration"] = "50m"  # the full two hours: the README's table
+    r = simulate(_parse(raw, "steady-evening"), "fleet")
     assert flaps(r) == {"routing": 0, "analysis": 0, "planner": 0}
     assert committed_missed(r) == 0
     ins = [d for d in r.decisions if d.action == "scale_in"]
@@ -144,7 +146,7 @@ def test_steady_poisson_load_never_flaps() -> None:
 def test_the_flap_count_catches_a_scale_out_within_the_hold() -> None:
     """The metric can fail: a baseline that scales in on every lull flaps on the same load."""
     raw = _raw("steady-evening")
-    raw["duration"] = "40m"
+    raw["duration"] = "30m"
     r = simulate(_parse(raw, "steady-evening"), "keda")
     assert flaps(r)["routing"] > 0
 
@@ -171,8 +173,22 @@ def _overspend_ticks(r: SimResult, tier: str, window: str) -> float:
     return (w["spent_usd"] - w["budget_usd"]) / tick_burn
 
 
-def test_a_burst_spends_the_window_and_never_passes_it() -> None:
-    r = simulate(load_scenario(SCENARIOS / "budget-runs-out.yaml"), "fleet")
+def _short_budget() -> Any:
+    """budget-runs-out in 50 minutes: a $12 window of 50 minutes, the flood in its middle."""
+    raw = _raw("budget-runs-out")
+    raw["duration"] = "50m"
+    raw["fleet"]["tiers"]["analysis"]["budget"]["windows"][0].update(duration_s=3000, usd=12)
+    raw["arrivals"][2]["rate"] = [["14:00", 0], ["14:10", 0], ["14:11", 40], ["14:40", 40], ["14:41", 0]]
+    return _parse(raw, "budget-runs-out")
+
+
+@pytest.fixture(scope="module")
+def short_budget() -> Any:
+    return _short_budget()
+
+
+def test_a_burst_spends_the_window_and_never_passes_it(short_budget: Any) -> None:
+    r = simulate(short_budget, "fleet")
     assert _overspend_ticks(r, "analysis", "afternoon") <= 1.0
     assert budget_use(r)["analysis/afternoon"] >= 0.9  # the flood spends the window, not half of it
     assert committed_missed(r) == 0
@@ -180,14 +196,7 @@ def test_a_burst_spends_the_window_and_never_passes_it() -> None:
     assert o[3].shed.get("budget_exhausted", 0) > 0 and "budget_exhausted" not in o[0].shed
 
 
-def test_the_overspend_check_catches_a_breach() -> None:
+def test_the_overspend_check_catches_a_breach(short_budget: Any) -> None:
     """The same check on a policy blind to the budget (static, provisioned for the peak) fails."""
-    raw = _raw("budget-runs-out")
-    raw["duration"] = "50m"
-    raw["fleet"]["tiers"]["analysis"]["budget"]["windows"][0].update(duration_s=3000, usd=12)
-    raw["arrivals"][2]["rate"] = [["14:00", 0], ["14:10", 0], ["14:11", 40], ["14:40", 40], ["14:41", 0]]
-    sc = _parse(raw, "budget-runs-out")
-    ours = simulate(sc, "fleet")
-    assert _overspend_ticks(ours, "analysis", "afternoon") <= 1.0
-    blind = simulate(sc, "static")
+    blind = simulate(short_budget, "static")
     assert _overspend_ticks(blind, "analysis", "afternoon") > 1.0
