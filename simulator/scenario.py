@@ -49,11 +49,11 @@ import random
 import tempfile
 from datetime import datetime, time, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from fleet.config import (
     CLASSES,
@@ -65,7 +65,7 @@ from fleet.config import (
     valid_timezone,
 )
 from fleet.durations import duration_s
-from simulator.tracefile import TraceArrival, TraceError, rate_points, read_trace, replay
+from simulator.tracefile import TraceArrival, check_trace, rate_points, read_trace, replay
 
 REPO = DEFAULT_CONFIG.parent.parent
 
@@ -185,6 +185,12 @@ class Chain(_Process):
         return _known_class(v)
 
 
+def _arrival_kind(v: Any) -> str:
+    """An arrival entry with `trace:` replays a file; any other follows a rate curve."""
+    has = ("trace" in v) if isinstance(v, dict) else isinstance(v, TraceArrival)
+    return "TraceArrival" if has else "Arrival"
+
+
 class ScenarioFile(_Strict):
     name: str = ""
     description: str = ""
@@ -196,7 +202,8 @@ class ScenarioFile(_Strict):
     fleet_config: str | None = None
     fleet: dict[str, Any] = Field(default_factory=dict)
     deadlines_ms: dict[str, float] = Field(default_factory=dict)
-    arrivals: list[Arrival | TraceArrival] = Field(default_factory=list)
+    arrivals: list[Annotated[Annotated[Arrival, Tag("Arrival")] | Annotated[TraceArrival, Tag("TraceArrival")],
+                             Discriminator(_arrival_kind)]] = Field(default_factory=list)
     chains: list[Chain] = Field(default_factory=list)
     # Checks a run can be held to: named expectations the report prints as pass/fail.
     expect: dict[str, Any] = Field(default_factory=dict)
@@ -235,17 +242,9 @@ class Scenario:
         self.dir = path.parent if path else None
         for i, a in enumerate(spec.arrivals):
             self._known_tier(a.tier, f"arrivals.{i}.tier")
-            if isinstance(a, TraceArrival):
-                try:
-                    read_trace(a.trace, self.dir)
-                    if a.trace.start_at is not None:
-                        time.fromisoformat(a.trace.start_at)
-                except TraceError as e:
-                    raise ScenarioError(f"arrivals.{i}.{e}" if str(e).startswith("trace.")
-                                        else f"arrivals.{i}.trace: {e}") from None
-                except ValueError:
-                    raise ScenarioError(f"arrivals.{i}.trace.start_at: not a time of day: "
-                                        f"{a.trace.start_at!r}") from None
+            bad = check_trace(a, self.dir) if isinstance(a, TraceArrival) else None
+            if bad:
+                raise ScenarioError(f"arrivals.{i}.{bad}")
         for i, c in enumerate(spec.chains):
             for j, st in enumerate(c.stages):
                 self._known_tier(st.tier, f"chains.{i}.stages.{j}.tier")
@@ -338,10 +337,13 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_TAGS = ("Arrival", "TraceArrival")  # the arrival kind: not part of the field's name
+
+
 def _describe(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        path = ".".join(str(p) for p in err["loc"] if p not in _TAGS) or "(top level)"
         lines.append(f"  {path}: {err['msg']}")
     return "\n".join(lines)
 

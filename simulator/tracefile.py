@@ -32,7 +32,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -172,6 +172,19 @@ def read_trace(src: TraceSource, scenario_dir: Path | None) -> tuple[TraceRow, .
     """The file's rows, times relative to its first row (read once per file and columns)."""
     p = resolve(src.file, scenario_dir)
     return _read(str(p), p.stat().st_mtime, src.time, src.time_unit, src.prompt_tokens, src.output_tokens)
+
+
+def check_trace(a: TraceArrival, scenario_dir: Path | None) -> str | None:
+    """What is wrong with a trace arrival's file or start, naming the field; None: nothing."""
+    try:
+        read_trace(a.trace, scenario_dir)
+        if a.trace.start_at is not None:
+            time.fromisoformat(a.trace.start_at)
+    except TraceError as e:
+        return str(e) if str(e).startswith("trace.") else f"trace: {e}"
+    except ValueError:
+        return f"trace.start_at: not a time of day: {a.trace.start_at!r}"
+    return None
 
 
 def replay(src: TraceSource, rows: tuple[TraceRow, ...], offset_s: float, end_s: float,
