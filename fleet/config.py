@@ -208,21 +208,11 @@ class ConfigWarning(UserWarning):
 
 
 def wait_limit_inversions(limits: dict[str, float]) -> list[str]:
-    """Pairs of classes where a higher class has a tighter wait limit than a lower one.
-
-    The limits shed from the bottom: as a line grows, background is refused first,
-    then speculative, then interactive (committed is judged on its deadline alone).
-    A higher class with the tighter limit is refused while the lower one still joins.
-    Only classes given a limit are compared."""
-    out = []
-    for i, hi in enumerate(CLASSES):
-        for lo in CLASSES[i + 1:]:
-            if hi not in limits or lo not in limits:
-                continue
-            a, b = limits[hi], limits[lo]
-            if a < b:
-                out.append(f"{hi} ({a:g} s) is tighter than {lo} ({b:g} s)")
-    return out
+    """Pairs of classes (both given a limit) where the higher class has the tighter wait limit: it would
+    be refused while the lower one still joins. The limits shed from the bottom (committed: deadline only)."""
+    given = [c for c in CLASSES if c in limits]
+    return [f"{hi} ({limits[hi]:g} s) is tighter than {lo} ({limits[lo]:g} s)"
+            for i, hi in enumerate(given) for lo in given[i + 1:] if limits[hi] < limits[lo]]
 
 
 class TierConfig(_Strict):
