@@ -69,6 +69,7 @@ from fleet.policy.scaling import (
     ceiling_of,
     decide_tier,
     gpu_ceiling,
+    rate_with_margin,
     start_timeout_s,
     wedged,
 )
@@ -137,6 +138,7 @@ __all__ = [
     "projected_spend",
     "queue_wait_s",
     "rate",
+    "rate_with_margin",
     "replica_concurrency",
     "replicas_for",
     "scale_in_victims",

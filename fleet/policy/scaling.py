@@ -12,8 +12,6 @@ same why. The rules (`000_...txt` part III, `002_...txt`):
   the budget allows, what the GPUs can hold);
 - scale-out counts replicas already starting and the backlog that piles up
   while they start, so a need is never ordered twice;
-- above a budget ceiling, the tier steps down to it at once (the budget's
-  projection already counted each extra replica's least hold);
 - scale-in removes one replica at a time, only with an empty line (or above
   the ceiling, where a queued line does not keep the tier over it), only after
   the drain time stayed under the threshold for `scale_in_hold_s`, never while
@@ -256,13 +254,6 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
             reason += f" (capped: {ceiling_by} at {ceiling})"
         return made("scale_out", delta, reason, code)
 
-    if over and ceiling_by == "budget" and s.ready:
-        # Above what the budget allows: every replica over it keeps billing the window, and
-        # the ceiling already counted each extra's least hold. Step down to it at once (the
-        # drains finish what they hold), so a window overspends by at most a tick's burn.
-        n = min(s.ready, have - max(ceiling, floor))
-        return made("scale_in", -n, f"scale_in: above the budget ceiling {ceiling}, {have} -> {have - n} "
-                    f"(floor {floor})", "budget", calm=now)
     if over or (have > floor and keep < s.ready):
         if s.starting:
             return made("hold", 0, f"hold: {s.starting} starting", "starting")
