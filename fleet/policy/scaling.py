@@ -263,7 +263,8 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
             return made("hold", 0, f"hold: line not empty ({s.waiting} waiting)", "line")
         calm_for = 0.0 if calm_since is None else now - calm_since
         if calm_for < cfg.scale_in_hold_s:
-            return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in",
+            above = f" (above the {ceiling_by} ceiling {ceiling})" if over else ""
+            return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in{above}",
                         "hold_period")
         # The step restarts the hold: the next one waits a whole hold period again.
         why = f"above the ceiling {ceiling} ({ceiling_by})" if over else f"need {keep} with noise margin"
