@@ -189,7 +189,8 @@ def checks(r: SimResult, bound_hours: float | None = None,
     if exp.get("within_budget"):
         over = [f"{t}/{w}: ${v['spent_usd']:.2f} > ${v['budget_usd']:.2f}" for t, b in r.budget.items()
                 for w, v in b.items() if not v["within"]]
-        out.append(("spend within every budget window", not over, "; ".join(over) or "all within"))
+        out.append(("spend within every budget window (one tick of burn at most over)", not over,
+                    "; ".join(over) or "all within"))
     for clock, floors in (exp.get("replicas_at") or {}).items():
         t = r.scenario.at(clock)
         seen = {tier: replicas_at(r, tier, t) for tier in floors}
