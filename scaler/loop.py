@@ -267,15 +267,14 @@ class Scaler:
         if d.action == "scale_in":
             ours = {r.id for r in self.supervisor.of_tier(tier) if r.state in ("starting", "ready")}
             # The policy names it; it finishes what it holds before leaving.
-            # One replica per step, or as many as it takes to get under a budget ceiling.
-            victims = scale_in_victims(obs.replicas.members, -d.delta, eligible=ours)
+            victims = scale_in_victims(obs.replicas.members, 1, eligible=ours)
             if not victims:
                 return " (no replica this supervisor can drain)"
-            for victim in victims:
-                if not await self._lease_ok():
-                    return " (lease lost)"
-                await self.supervisor.drain(victim.id)
-            return "".join(f" (draining {v.id}, {v.in_use} in flight)" for v in victims)
+            victim = victims[0]
+            if not await self._lease_ok():
+                return " (lease lost)"
+            await self.supervisor.drain(victim.id)
+            return f" (draining {victim.id}, {victim.in_use} in flight)"
         return ""
 
     async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,
