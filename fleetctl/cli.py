@@ -82,25 +82,26 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
 @click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
               help="Engine (default: the tier's configured engine).")
 @click.option("--replica-id", default=None)
+@click.option("--model-version", default=None, help="Model version to run (default: the registry's live one).")
 @click.option("--time-scale", default=1.0, type=float, help="Scale the sim engine's clock (tests).")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
               help="Serve this replica's Prometheus metrics (TTFT, TPOT, slots) on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @CONFIG
 @click.option("--verbose", is_flag=True)
-def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scale: float,
+def worker(tier: str, engine_name: str | None, replica_id: str | None, model_version: str | None, time_scale: float,
            metrics_port: int | None, metrics_host: str, config_path: str | None, verbose: bool) -> None:
     """Run one worker replica for a tier."""
-    from workers.worker import run_worker
+    from workers.run import run_worker
 
     _logging(verbose)
     cfg = _config(config_path)
     if tier not in cfg.tiers:
         click.echo(f"fleet: unknown tier {tier!r}; tiers are {', '.join(cfg.tiers)}", err=True)
         sys.exit(2)
-    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name or cfg.tiers[tier].engine, _redis_url(),
-                                    replica_id=replica_id, time_scale=time_scale, metrics_port=metrics_port,
-                                    metrics_host=metrics_host)))
+    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name, _redis_url(), replica_id=replica_id,
+                                    time_scale=time_scale, metrics_port=metrics_port, metrics_host=metrics_host,
+                                    version=model_version)))
 
 
 @main.command()
@@ -250,6 +251,25 @@ def _stored_keys() -> tuple[Any, str]:
     return connect_sync(_redis_url()), cfg.namespace
 
 
+def _key_or_exit(cfg: FleetConfig, **fields: Any) -> Any:
+    """The key `keys add` would store, validated as the config loader validates its keys."""
+    from pydantic import ValidationError
+
+    from fleet.config import ApiKey
+
+    try:
+        key = ApiKey(**fields)
+    except ValidationError as e:
+        click.echo("fleet: " + "; ".join(f"--{'-'.join(map(str, x['loc'])).replace('_', '-') or 'default-priority'}: "
+                                         f"{x['msg']}" for x in e.errors()), err=True)
+        sys.exit(2)
+    if bad := key.unknown_tiers(cfg.tiers):
+        click.echo(f"fleet: --tiers: no tier {', '.join(map(repr, bad))}; tiers are {', '.join(cfg.tiers)}",
+                   err=True)
+        sys.exit(2)
+    return key
+
+
 @keys.command("add")
 @click.argument("name")
 @click.option("--tiers", default=None, help="Comma-separated tiers this key may use (default: all).")
@@ -266,24 +286,17 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
     import hashlib
     import secrets
 
-    from pydantic import ValidationError
-
-    from fleet.config import ApiKey
     from fleet.store.api_keys import KeyExists, add_stored_key
 
-    r, namespace = _stored_keys()
+    cfg = _config(None)
     secret = "fk-" + secrets.token_urlsafe(32)
+    key = _key_or_exit(cfg, name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
+                       tiers=[t.strip() for t in tiers.split(",")] if tiers is not None else None,
+                       default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
+                       budget_usd=budget_usd, admin=admin, read_status=read_status)
+    r, namespace = _stored_keys()
     try:
-        key = ApiKey(name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
-                     tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
-                     default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
-                     budget_usd=budget_usd, admin=admin, read_status=read_status)
-    except ValidationError as e:
-        click.echo("fleet: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()),
-                   err=True)
-        sys.exit(2)
-    try:
-        add_stored_key(r, namespace, key)
+        add_stored_key(r, namespace, key, taken=[k.name for k in cfg.keys])
     except KeyExists as e:
         click.echo(f"fleet: {e}", err=True)
         sys.exit(2)
@@ -326,6 +339,15 @@ def hash_key(secret: str) -> None:
 
     click.echo(hashlib.sha256(secret.encode()).hexdigest())
 
+
+def _models_commands() -> None:
+    from fleetctl.models_cli import models, promote_cmd, rollback_cmd
+
+    for cmd in (models, promote_cmd, rollback_cmd):
+        main.add_command(cmd)
+
+
+_models_commands()
 
 if __name__ == "__main__":
     main()

@@ -73,6 +73,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "arrived": o.arrived, "accepted": o.accepted, "completed": o.completed,
                 "shed": dict(sorted(o.shed.items())), "expired": o.expired_waiting + o.expired_running,
                 "expired_waiting": o.expired_waiting, "expired_running": o.expired_running,
+                "preempted": o.preempted,
                 "unfinished_at_end": unfinished,
                 "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
                 "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
@@ -241,6 +242,10 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
                          _f(c["ttft_s"]["p99"]), _f(c["tpot_s"]["p50"], 4), _f(c["tpot_s"]["p99"], 4)])
     out.append(_table(["tier/class", "arrived", "completed", "shed (reason n)", "expired", "wait p50",
                        "wait p99", "ttft p50", "ttft p99", "tpot p50", "tpot p99"], rows))
+    preempted = [f"{tier}/{cls} {c['preempted']}" for tier, t in s["tiers"].items()
+                 for cls, c in t["classes"].items() if c.get("preempted")]
+    if preempted:
+        out.append("preempted (went back to the line for a higher class): " + ", ".join(preempted))
     out.append("")
     rows = []
     for tier, t in s["tiers"].items():

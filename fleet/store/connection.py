@@ -33,7 +33,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import redis as sync_redis
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -91,7 +91,15 @@ def _options(role: Role, connect_timeout_s: float | None) -> dict[str, Any]:
 def _single(target: RedisTarget, options: dict[str, Any]) -> Redis:
     retry = Retry(ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S), RETRIES,
                   supported_errors=(RedisConnectionError,))
-    return Redis.from_url(target.url, retry=retry, **options)
+    wait_s = options.pop("wait_for_connection_s", None)
+    if wait_s is None:
+        return Redis.from_url(target.url, retry=retry, **options)
+    # A bounded pool that makes a caller wait for a free connection instead of failing
+    # with "Too many connections": the connection count stays fixed under any load.
+    pool = BlockingConnectionPool.from_url(target.url, retry=retry, timeout=wait_s, **options)
+    client = Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 def _single_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Redis:
@@ -108,12 +116,16 @@ SYNC_BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], sync_redis.Redi
 
 
 def connect(url: str, role: Role = "calls", *, max_connections: int | None = None, name: str | None = None,
-            connect_timeout_s: float | None = None) -> Redis:
-    """An asyncio client for `role`. `name` shows in CLIENT LIST (which part holds the connection)."""
+            connect_timeout_s: float | None = None, wait_for_connection_s: float | None = None) -> Redis:
+    """An asyncio client for `role`. `name` shows in CLIENT LIST (which part holds the connection).
+    `wait_for_connection_s` (with `max_connections`): past the limit, wait that long for a free
+    connection rather than fail at once."""
     target = parse_url(url)
     options = _options(role, connect_timeout_s)
     if max_connections is not None:
         options["max_connections"] = max_connections
+        if wait_for_connection_s is not None:
+            options["wait_for_connection_s"] = wait_for_connection_s
     if name:
         options["client_name"] = name
     return BUILDERS[target.scheme](target, options)
@@ -142,9 +154,11 @@ class Clients:
 
     @classmethod
     def open(cls, url: str, *, name: str, max_connections: int | None = None,
-             max_blocking: int | None = None) -> Clients:
-        return cls(connect(url, "calls", max_connections=max_connections, name=name),
-                   connect(url, "blocking", max_connections=max_blocking, name=f"{name}:blocking"), None, url)
+             max_blocking: int | None = None, wait_for_connection_s: float | None = None) -> Clients:
+        return cls(connect(url, "calls", max_connections=max_connections, name=name,
+                           wait_for_connection_s=wait_for_connection_s),
+                   connect(url, "blocking", max_connections=max_blocking, name=f"{name}:blocking",
+                           wait_for_connection_s=wait_for_connection_s), None, url)
 
     @property
     def pubsub_client(self) -> Redis:
