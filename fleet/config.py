@@ -8,6 +8,7 @@ whose text lists each offending path.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from contextvars import ContextVar
 from pathlib import Path
@@ -118,6 +119,18 @@ class Budget(_Strict):
         return v
 
 
+class ConfigWarning(UserWarning):
+    """A config that loads but works against itself (e.g. limits that shed from the top)."""
+
+
+def wait_limit_inversions(limits: dict[str, float]) -> list[str]:
+    """Pairs of classes (both given a limit) where the higher class has the tighter wait limit: it would
+    be refused while the lower one still joins. The limits shed from the bottom (committed: deadline only)."""
+    given = [c for c in CLASSES if c in limits]
+    return [f"{hi} ({limits[hi]:g} s) is tighter than {lo} ({limits[lo]:g} s)"
+            for i, hi in enumerate(given) for lo in given[i + 1:] if limits[hi] < limits[lo]]
+
+
 class TierConfig(_Strict):
     aliases: list[str] = Field(default_factory=list)
     engine: Literal["sim", "vllm", "openai"] = "sim"
@@ -128,7 +141,7 @@ class TierConfig(_Strict):
     max_tokens_limit: int = Field(4096, gt=0)
     # Longest a request of each class may be predicted to wait before it is shed.
     wait_limit_s: dict[str, float] = Field(
-        default_factory=lambda: {"committed": 30.0, "interactive": 10.0, "speculative": 5.0, "background": 60.0}
+        default_factory=lambda: {"committed": 30.0, "interactive": 10.0, "speculative": 5.0, "background": 5.0}
     )
     scale_in_hold_s: float = Field(30.0, ge=0)
     lease_s: float = Field(10.0, gt=0)
@@ -272,6 +285,9 @@ class FleetConfig(BaseSettings):
             if tc.lease_s <= self.heartbeat_s:
                 raise ValueError(f"tiers.{tier}.lease_s ({tc.lease_s:g}) must be above heartbeat_s "
                                  f"({self.heartbeat_s:g}): workers renew their leases once a heartbeat")
+            for msg in wait_limit_inversions(tc.wait_limit_s):
+                warnings.warn(f"tiers.{tier}.wait_limit_s: {msg}: the class limits shed from the bottom, "
+                              "so a higher class should never have the tighter limit", ConfigWarning, stacklevel=2)
         seen: dict[str, str] = {}
         for tier, tc in self.tiers.items():
             for name in [tier, *tc.aliases]:

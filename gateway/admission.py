@@ -162,7 +162,7 @@ class Admission:
             budget=BudgetSignal(snap.budget_exhausted, snap.budget_retry_at))
         decision = judge_admission(obs, view.capacity, req.priority, prompt_tokens=req.prompt_tokens,
                                    output_tokens=req.expected_output_tokens, wait_limit_s=tc.wait_limit(req.priority),
-                                   deadline_s=req.deadline_ms / 1000)
+                                   deadline_s=req.deadline_ms / 1000, max_replicas=tc.max_replicas)
         if not decision.admitted:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)

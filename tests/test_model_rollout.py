@@ -321,7 +321,7 @@ def test_a_slow_canary_is_rolled_back_automatically_with_its_reason(rfleet: Flee
     assert (c.get("failed", 0), c.get("expired", 0)) == (0, 0), c
 
     (why,) = [e["reason"] for e in events(f) if e.get("event") == "auto_rollback"]
-    assert why.startswith("v3 -> v1: TTFT p99 ") and "x 1.5" in why, why
+    assert why.startswith("v3 -> v1: TTFT p99 ") and "x 3" in why, why
     show = fleet_cmd(f, "models", "show", TIER).stdout
     assert "live v1" in show and "auto_rollback v3 -> v1" in show
     hist = fleet_cmd(f, "models", "history", TIER).stdout.splitlines()

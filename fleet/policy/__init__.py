@@ -33,6 +33,7 @@ from fleet.policy.admission import (
     predicted_wait_s,
     queue_wait_s,
     service_forecast,
+    wait_with_ceiling_s,
 )
 from fleet.policy.calibration import (
     Calibration,
@@ -85,6 +86,7 @@ from fleet.policy.scaling import (
     ceiling_of,
     decide_tier,
     gpu_ceiling,
+    rate_with_margin,
     start_timeout_s,
     wedged,
 )
@@ -164,6 +166,7 @@ __all__ = [
     "projected_spend",
     "queue_wait_s",
     "rate",
+    "rate_with_margin",
     "replica_concurrency",
     "replicas_by_version",
     "replicas_for",
@@ -181,6 +184,7 @@ __all__ = [
     "token_burn_since",
     "token_burn_usd_per_s",
     "version_stats",
+    "wait_with_ceiling_s",
     "waiting",
     "wedged",
 ]
