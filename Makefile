@@ -10,7 +10,7 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(BIN)/pip install -q -e '.[test,sim]' 2>&1 | grep -v "is ignored" || true
+	$(BIN)/pip install -q -e '.[test,sim,ray]' 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import fleet, fleetctl, gateway, workers, fastapi, redis, pytest"
 	@touch $(STAMP)
 

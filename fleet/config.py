@@ -8,13 +8,14 @@ whose text lists each offending path.
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterable
 from contextvars import ContextVar
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,23 +23,18 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from fleet.classes import CLASSES, Preemption, Priority, per_class_positive
+from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
+    CapacityProfile,
+    DecodeStep,
+    OpenAIUpstream,
+    SimProfile,
+    VllmSettings,
+    _Strict,
+)
+from fleet.model_config import ModelVersionConfig, RolloutConfig, merged, valid_version
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.yaml"
-
-
-class Priority(IntEnum):
-    """Priority classes; a lower value is served first and shed last."""
-
-    committed = 0
-    interactive = 1
-    speculative = 2
-    background = 3
-
-    @classmethod
-    def parse(cls, name: str) -> Priority:
-        return cls[name.strip().lower()]
-
-
-CLASSES: tuple[str, ...] = tuple(p.name for p in Priority)
 
 
 class ConfigError(Exception):
@@ -56,85 +52,6 @@ def valid_timezone(v: str) -> str:
     return v
 
 
-def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
-    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
-    for name, value in v.items():
-        if name not in CLASSES:
-            raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
-        if value <= 0:
-            raise ValueError(f"{what} for {name!r} must be > 0")
-    return v
-
-
-class _Strict(BaseModel):
-    # Unknown keys are typos far more often than intent: refuse them by name.
-    model_config = ConfigDict(extra="forbid")
-
-
-class DecodeStep(_Strict):
-    """Decode step time of a batch: base + per_seq * batch size (seconds)."""
-
-    base_s: float = Field(0.010, ge=0)
-    per_seq_s: float = Field(0.0005, ge=0)
-
-
-class SimProfile(_Strict):
-    """A calibrated GPU latency model for the `sim` engine and the simulator."""
-
-    weights_gb: float = Field(2.0, ge=0)
-    load_gb_s: float = Field(2.0, gt=0)
-    warmup_s: float = Field(1.0, ge=0)
-    prefill_tokens_per_s: float = Field(20000.0, gt=0)
-    decode_step: DecodeStep = Field(default_factory=DecodeStep)
-    kv_capacity_tokens: int = Field(65536, gt=0)
-    # Typical request shape, used to turn the latency model into a service rate
-    # before a tier has completed anything (no history yet, no infinity either).
-    typical_prompt_tokens: int = Field(200, gt=0)
-    typical_output_tokens: int = Field(100, gt=0)
-
-
-class CapacityProfile(_Strict):
-    """What admission and scaling assume one replica of the tier does (`fleet.policy.tier_capacity`).
-
-    Not how an engine behaves (that is `sim:` for the sim engine, and the real
-    engine's own for vllm and openai): what the policy plans with. The scaler
-    calibrates it at run time from what replicas measure (start-up, throughput
-    when every slot is busy) and publishes the result for the gateways. Any
-    field left out is taken from the tier's `sim:` profile, so a config without
-    `capacity:` plans exactly as it did before the two were told apart.
-    """
-
-    startup_s: float | None = Field(None, ge=0)  # launch to serving; default: sim weights / load speed + warm-up
-    prefill_tokens_per_s: float | None = Field(None, gt=0)
-    decode_step: DecodeStep | None = None
-    kv_capacity_tokens: int | None = Field(None, gt=0)
-    typical_prompt_tokens: int | None = Field(None, gt=0)
-    typical_output_tokens: int | None = Field(None, gt=0)
-
-
-class VllmSettings(_Strict):
-    """Engine limits for the `vllm` engine, passed to vLLM's engine args."""
-
-    model: str = ""
-    tokenizer: str | None = None
-    max_num_seqs: int = Field(16, gt=0)
-    max_model_len: int = Field(2048, gt=0)
-    kv_cache_memory_bytes: int | None = Field(None, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, gt=0)
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    warmup_tokens: int = Field(4, ge=0)
-
-
-class OpenAIUpstream(_Strict):
-    """Forwarding target for the `openai` engine."""
-
-    base_url: str = "http://127.0.0.1:8001/v1"
-    model: str = ""
-    api_key: str = "none"
-    connect_timeout_s: float = Field(5.0, gt=0)
-    silence_timeout_s: float = Field(60.0, gt=0)
 
 
 class PrewarmWindow(_Strict):
@@ -202,6 +119,18 @@ class Budget(_Strict):
         return v
 
 
+class ConfigWarning(UserWarning):
+    """A config that loads but works against itself (e.g. limits that shed from the top)."""
+
+
+def wait_limit_inversions(limits: dict[str, float]) -> list[str]:
+    """Pairs of classes (both given a limit) where the higher class has the tighter wait limit: it would
+    be refused while the lower one still joins. The limits shed from the bottom (committed: deadline only)."""
+    given = [c for c in CLASSES if c in limits]
+    return [f"{hi} ({limits[hi]:g} s) is tighter than {lo} ({limits[lo]:g} s)"
+            for i, hi in enumerate(given) for lo in given[i + 1:] if limits[hi] < limits[lo]]
+
+
 class TierConfig(_Strict):
     aliases: list[str] = Field(default_factory=list)
     engine: Literal["sim", "vllm", "openai"] = "sim"
@@ -212,7 +141,7 @@ class TierConfig(_Strict):
     max_tokens_limit: int = Field(4096, gt=0)
     # Longest a request of each class may be predicted to wait before it is shed.
     wait_limit_s: dict[str, float] = Field(
-        default_factory=lambda: {"committed": 30.0, "interactive": 10.0, "speculative": 5.0, "background": 60.0}
+        default_factory=lambda: {"committed": 30.0, "interactive": 10.0, "speculative": 5.0, "background": 5.0}
     )
     scale_in_hold_s: float = Field(30.0, ge=0)
     lease_s: float = Field(10.0, gt=0)
@@ -226,6 +155,10 @@ class TierConfig(_Strict):
     sim: SimProfile = Field(default_factory=SimProfile)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     openai: OpenAIUpstream = Field(default_factory=OpenAIUpstream)
+    version: str = "v1"  # the version this tier's model is, in the model registry (fleet.model_config)
+    versions: dict[str, ModelVersionConfig] = Field(default_factory=dict)  # more known versions
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    preemption: Preemption = Field(default_factory=Preemption)
 
     @field_validator("wait_limit_s")
     @classmethod
@@ -236,6 +169,13 @@ class TierConfig(_Strict):
     def _floor_fits(self) -> TierConfig:
         if self.warm_floor > self.max_replicas:
             raise ValueError(f"warm_floor ({self.warm_floor}) exceeds max_replicas ({self.max_replicas})")
+        for name, v in {self.version: None, **self.versions}.items():
+            valid_version(name)
+            if v is not None:  # each version's sim profile must be one, with the tier's underneath
+                try:
+                    SimProfile.model_validate(merged(self.sim.model_dump(), v.sim))
+                except ValidationError as e:
+                    raise ValueError(f"versions.{name}.sim: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
         return self
 
     def wait_limit(self, priority: Priority) -> float:
@@ -256,9 +196,9 @@ class GatewayEdge(_Strict):
 
 
 class ApiKey(_Strict):
-    name: str
-    sha256: str  # keys are stored hashed; see `fleet hash-key`
-    tiers: list[str] | None = None  # None: every tier
+    name: str = Field(min_length=1, max_length=128)
+    sha256: str  # keys are stored hashed; see `fleet hash-key`. Also the key's id in Redis (its limits, budget)
+    tiers: list[str] | None = Field(None, min_length=1)  # None: every tier (which exist: FleetConfig, `keys add`)
     default_priority: str = "interactive"
     max_priority: str = "committed"
     rpm: int | None = Field(None, gt=0)
@@ -275,6 +215,22 @@ class ApiKey(_Strict):
         if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
             raise ValueError("must be the 64-hex-digit sha256 of the key (`fleet hash-key SECRET`), not the key")
         return v
+
+    @field_validator("default_priority", "max_priority")
+    @classmethod
+    def _a_class(cls, v: str) -> str:  # here, not only in the config: stored keys are read with this model
+        if v not in CLASSES:
+            raise ValueError(f"unknown priority class {v!r}; classes are {', '.join(CLASSES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ApiKey:  # else every call without X-Priority is refused
+        if CLASSES.index(self.default_priority) < CLASSES.index(self.max_priority):
+            raise ValueError(f"default_priority {self.default_priority!r} is above max_priority {self.max_priority!r}")
+        return self
+
+    def unknown_tiers(self, tiers: Iterable[str]) -> list[str]:
+        return [t for t in self.tiers or () if t not in set(tiers)]
 
 
 class GpuInventory(_Strict):
@@ -299,7 +255,8 @@ class FleetConfig(BaseSettings):
     rate_window_s: float = Field(10.0, gt=0)
     # A worker writes the streamed tokens of all its requests together, at most this
     # often: fewer Redis writes and SSE chunks for CPU the engine needs; 0 writes as
-    # fast as Redis takes them. First tokens and last tokens never wait.
+    # fast as Redis takes them. First tokens and last tokens never wait, and a replica
+    # streaming to 16 callers or fewer waits for no window (workers/streaming.py).
     stream_window_ms: int = Field(20, ge=0, le=1000)
     tiers: dict[str, TierConfig]
     keys: list[ApiKey] = Field(default_factory=list)
@@ -328,16 +285,24 @@ class FleetConfig(BaseSettings):
             if tc.lease_s <= self.heartbeat_s:
                 raise ValueError(f"tiers.{tier}.lease_s ({tc.lease_s:g}) must be above heartbeat_s "
                                  f"({self.heartbeat_s:g}): workers renew their leases once a heartbeat")
+            for msg in wait_limit_inversions(tc.wait_limit_s):
+                warnings.warn(f"tiers.{tier}.wait_limit_s: {msg}: the class limits shed from the bottom, "
+                              "so a higher class should never have the tighter limit", ConfigWarning, stacklevel=2)
         seen: dict[str, str] = {}
         for tier, tc in self.tiers.items():
             for name in [tier, *tc.aliases]:
                 if name in seen and seen[name] != tier:
                     raise ValueError(f"model name {name!r} is used by tiers {seen[name]!r} and {tier!r}")
                 seen[name] = tier
-        named = (self.default_priority, *(k.default_priority for k in self.keys), *(k.max_priority for k in self.keys))
-        for p in named:
-            if p not in CLASSES:
-                raise ValueError(f"unknown priority class {p!r}; classes are {', '.join(CLASSES)}")
+        if self.default_priority not in CLASSES:
+            raise ValueError(f"unknown priority class {self.default_priority!r}; classes are {', '.join(CLASSES)}")
+        names: set[str] = set()
+        for i, k in enumerate(self.keys):
+            if bad := k.unknown_tiers(self.tiers):
+                raise ValueError(f"keys.{i}.tiers: no tier {', '.join(map(repr, bad))}; tiers are "
+                                 f"{', '.join(self.tiers)}")
+            if k.name in names or names.add(k.name):  # operators tell keys apart by name (revoke, logs)
+                raise ValueError(f"keys.{i}.name: {k.name!r} is used by another key")
         return self
 
     def resolve_model(self, model: str) -> str | None:

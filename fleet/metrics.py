@@ -5,13 +5,15 @@ reasons and outcomes are fixed sets). Each process exposes the ones it feeds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import Counter, Gauge, Histogram
 
 # Buckets that resolve a p99 from 5 ms to 60 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 
-REQUESTS = Counter("fleet_requests", "Requests by final outcome (completed, expired, cancelled, failed) "
-                   "and refusals (shed).", ["tier", "priority", "outcome"])
+REQUESTS = Counter("fleet_requests", "Every response by outcome: the line's (completed, expired, cancelled, failed, "
+                   "unavailable) and refusals before it (shed, refused, unavailable).", ["tier", "priority", "outcome"])
 SHED = Counter("fleet_shed", "Requests refused at admission, by reason.", ["tier", "priority", "reason"])
 TTFT = Histogram("fleet_ttft_seconds", "Time to first token, measured by the worker.", ["tier"],
                  buckets=LATENCY_BUCKETS)
@@ -21,6 +23,9 @@ LATENCY = Histogram("fleet_request_latency_seconds", "End-to-end latency at the 
                     buckets=LATENCY_BUCKETS)
 QUEUE_WAIT = Histogram("fleet_queue_wait_seconds", "Time spent in the line before a worker claimed it.",
                        ["tier", "priority"], buckets=LATENCY_BUCKETS)
+# Fed by the gateway from the line's counters (exact, fleet-wide), by the victim's class.
+PREEMPTIONS = Counter("fleet_preemptions", "Running requests put back in the line for a higher class (preempted).",
+                      ["tier", "class"])
 TOKENS = Counter("fleet_tokens", "Tokens served, by kind (prompt, completion).", ["tier", "kind"])
 
 LINE_LENGTH = Gauge("fleet_line_length", "Requests waiting in the line, by class.", ["tier", "priority"])
@@ -28,7 +33,8 @@ OLDEST_WAIT = Gauge("fleet_oldest_wait_seconds", "Wait of the oldest request in 
 DRAIN = Gauge("fleet_seconds_to_drain", "Requests waiting / served per second (the scaling signal).", ["tier"])
 ARRIVAL_RATE = Gauge("fleet_arrival_rate", "Admitted requests per second over the rate window.", ["tier"])
 SERVICE_RATE = Gauge("fleet_service_rate", "Completed requests per second over the rate window.", ["tier"])
-REPLICAS = Gauge("fleet_replicas", "Replicas by state (starting, ready, draining).", ["tier", "state"])
+REPLICAS = Gauge("fleet_replicas", "Replicas by model version and state (starting, ready, draining).",
+                 ["tier", "version", "state"])
 # The configured bounds, so dashboards can draw the line, replicas and drain time against them.
 WARM_FLOOR = Gauge("fleet_warm_floor", "Configured warm floor (replicas kept warm when idle).", ["tier"])
 MAX_REPLICAS = Gauge("fleet_max_replicas", "Configured replica ceiling before any budget cap.", ["tier"])
@@ -46,8 +52,24 @@ REPLICA_CEILING = Gauge("fleet_replica_ceiling", "Ceiling in force: min(max_repl
 REPLICA_EVENTS = Counter("fleet_replica_events", "Replica lifecycle events seen by the supervisor (started, ready, "
                          "drained, died, start_timeout, killed_after_grace, lost).", ["tier", "event"])
 
+MODEL_ROLLBACKS = Counter("fleet_model_rollbacks", "Automatic un-promotions of a model version, by reason "
+                          "(error_rate, ttft_p99).", ["tier", "reason"])
 SPEND = Gauge("fleet_spend_usd_total", "Dollars spent by the tier in the current daily budget window.", ["tier"])
 BUDGET = Gauge("fleet_budget_usd", "Dollar budget by window.", ["tier", "window"])
 PROJECTED_SPEND = Gauge("fleet_projected_spend_usd", "Spent so far plus current burn over the rest of the window.",
                         ["tier", "window"])
 COST_PER_MTOK = Gauge("fleet_cost_per_million_tokens_usd", "Dollars per million useful tokens.", ["tier"])
+
+_replica_series: dict[str, set[tuple[str, str]]] = {}
+
+
+def set_replicas(tier: str, by_version: Mapping[str, Mapping[str, int]]) -> None:
+    """fleet_replicas{tier,version,state} from counts per version and state; a version no longer
+    running is removed, not left at its last count (versions come and go with promotions)."""
+    now = {(v, s) for v, states in by_version.items() for s in states}
+    for v, s in _replica_series.get(tier, set()) - now:
+        REPLICAS.remove(tier, v, s)
+    for v, states in by_version.items():
+        for s, n in states.items():
+            REPLICAS.labels(tier, v, s).set(n)
+    _replica_series[tier] = now

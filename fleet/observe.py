@@ -24,7 +24,7 @@ from fleet.store.tier_budget import BudgetState, read_budget_state
 def observed(beat: Heartbeat, state: str | None = None) -> ObservedReplica:
     """A heartbeat as the policy sees a replica (`state` overrides what it says of itself)."""
     return ObservedReplica(id=beat.id, state=state or beat.state, slots=beat.slots, in_use=beat.in_use,
-                           started=beat.started, cold_start_s=beat.cold_start_s)
+                           started=beat.started, cold_start_s=beat.cold_start_s, version=beat.version)
 
 
 def budget_signal(state: BudgetState | None) -> BudgetSignal | None:

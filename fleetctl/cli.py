@@ -58,20 +58,27 @@ def main() -> None:
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
               help="Also serve /metrics alone, without a key, on this port (for Prometheus on a private network).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@click.option("--workers", "processes", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Gateway processes sharing --port (SO_REUSEPORT); process i serves --metrics-port + i.")
 @click.option("--verbose", is_flag=True)
 def gateway(host: str, port: int, config_path: str | None, metrics_port: int | None, metrics_host: str,
-            verbose: bool) -> None:
+            processes: int, verbose: bool) -> None:
     """Run the gateway alone (REDIS_URL names the Redis)."""
     from gateway.app import create_app
     from gateway.server import serve
 
     _logging(verbose)
     cfg = _config(config_path)
-    if metrics_port == port:
+    if metrics_port is not None and port in range(metrics_port, metrics_port + processes):
         raise click.BadParameter("must differ from --port", param_hint="--metrics-port")
-    app = create_app(cfg, _redis_url())
+    url = _redis_url()
     try:
-        serve(app, cfg, host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host)
+        if processes > 1:
+            from gateway.processes import serve_processes
+
+            sys.exit(serve_processes(lambda: create_app(cfg, url), cfg, host=host, port=port, processes=processes,
+                                     metrics_port=metrics_port, metrics_host=metrics_host))
+        serve(create_app(cfg, url), cfg, host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host)
     except OSError as e:  # the address is taken, or not ours
         click.echo(f"fleet: cannot listen: {e}", err=True)
         sys.exit(2)
@@ -82,25 +89,26 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
 @click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
               help="Engine (default: the tier's configured engine).")
 @click.option("--replica-id", default=None)
+@click.option("--model-version", default=None, help="Model version to run (default: the registry's live one).")
 @click.option("--time-scale", default=1.0, type=float, help="Scale the sim engine's clock (tests).")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
               help="Serve this replica's Prometheus metrics (TTFT, TPOT, slots) on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @CONFIG
 @click.option("--verbose", is_flag=True)
-def worker(tier: str, engine_name: str | None, replica_id: str | None, time_scale: float,
+def worker(tier: str, engine_name: str | None, replica_id: str | None, model_version: str | None, time_scale: float,
            metrics_port: int | None, metrics_host: str, config_path: str | None, verbose: bool) -> None:
     """Run one worker replica for a tier."""
-    from workers.worker import run_worker
+    from workers.run import run_worker
 
     _logging(verbose)
     cfg = _config(config_path)
     if tier not in cfg.tiers:
         click.echo(f"fleet: unknown tier {tier!r}; tiers are {', '.join(cfg.tiers)}", err=True)
         sys.exit(2)
-    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name or cfg.tiers[tier].engine, _redis_url(),
-                                    replica_id=replica_id, time_scale=time_scale, metrics_port=metrics_port,
-                                    metrics_host=metrics_host)))
+    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name, _redis_url(), replica_id=replica_id,
+                                    time_scale=time_scale, metrics_port=metrics_port, metrics_host=metrics_host,
+                                    version=model_version)))
 
 
 @main.command()
@@ -153,8 +161,9 @@ def status(url: str, as_json: bool, api_key: str) -> None:
               help="Seconds between decisions (at most 1).")
 @click.option("--lease", "lease_s", default=3.0, show_default=True, type=click.FloatRange(0.5, 60),
               help="Leader lease; a standby takes over this long after the leader stops renewing.")
-@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker"]),
-              help="Where replicas run: local processes, or Docker containers (GPU box).")
+@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker", "ray"]),
+              help="Where replicas run: local processes, Docker containers (GPU box), or Ray actors (a cluster).")
+@click.option("--ray-address", default=None, help="The Ray cluster's address (--backend ray; default: auto).")
 @click.option("--image", default="fleet-gateway:latest", show_default=True, help="Worker image (--backend docker).")
 @click.option("--network", default=None, help="Docker network for the worker containers.")
 @click.option("--volume", "volumes", multiple=True, metavar="HOST:CONTAINER[:ro]",
@@ -173,7 +182,8 @@ def status(url: str, as_json: bool, api_key: str) -> None:
               help="Worker containers serve their metrics here (--backend docker; on --network host, a free "
                    "port each), named in their label fleet.replica.metrics_port for Prometheus.")
 @click.option("--verbose", is_flag=True)
-def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, image: str, network: str | None,
+def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str, ray_address: str | None,
+           image: str, network: str | None,
            volumes: tuple[str, ...], engine_name: str | None, drain_grace_s: float, stop_replicas_on_exit: bool,
            metrics_port: int, metrics_host: str, worker_metrics_port: int | None, verbose: bool) -> None:
     """Run the scaler and its supervisor: size each tier on its line (one acts; others stand by)."""
@@ -185,7 +195,7 @@ def scaler(config_path: str | None, tick_s: float, lease_s: float, backend: str,
                            tick_s=tick_s, lease_s=lease_s, drain_grace_s=drain_grace_s,
                            stop_replicas_on_exit=stop_replicas_on_exit, metrics_port=metrics_port or None,
                            metrics_host=metrics_host, config_path=config_path, volumes=list(volumes),
-                           worker_metrics_port=worker_metrics_port))
+                           worker_metrics_port=worker_metrics_port, ray_address=ray_address))
 
 
 @main.command()
@@ -254,6 +264,25 @@ def _stored_keys() -> tuple[Any, str]:
     return connect_sync(_redis_url()), cfg.namespace
 
 
+def _key_or_exit(cfg: FleetConfig, **fields: Any) -> Any:
+    """The key `keys add` would store, validated as the config loader validates its keys."""
+    from pydantic import ValidationError
+
+    from fleet.config import ApiKey
+
+    try:
+        key = ApiKey(**fields)
+    except ValidationError as e:
+        click.echo("fleet: " + "; ".join(f"--{'-'.join(map(str, x['loc'])).replace('_', '-') or 'default-priority'}: "
+                                         f"{x['msg']}" for x in e.errors()), err=True)
+        sys.exit(2)
+    if bad := key.unknown_tiers(cfg.tiers):
+        click.echo(f"fleet: --tiers: no tier {', '.join(map(repr, bad))}; tiers are {', '.join(cfg.tiers)}",
+                   err=True)
+        sys.exit(2)
+    return key
+
+
 @keys.command("add")
 @click.argument("name")
 @click.option("--tiers", default=None, help="Comma-separated tiers this key may use (default: all).")
@@ -270,24 +299,17 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
     import hashlib
     import secrets
 
-    from pydantic import ValidationError
-
-    from fleet.config import ApiKey
     from fleet.store.api_keys import KeyExists, add_stored_key
 
-    r, namespace = _stored_keys()
+    cfg = _config(None)
     secret = "fk-" + secrets.token_urlsafe(32)
+    key = _key_or_exit(cfg, name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
+                       tiers=[t.strip() for t in tiers.split(",")] if tiers is not None else None,
+                       default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
+                       budget_usd=budget_usd, admin=admin, read_status=read_status)
+    r, namespace = _stored_keys()
     try:
-        key = ApiKey(name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
-                     tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
-                     default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
-                     budget_usd=budget_usd, admin=admin, read_status=read_status)
-    except ValidationError as e:
-        click.echo("fleet: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()),
-                   err=True)
-        sys.exit(2)
-    try:
-        add_stored_key(r, namespace, key)
+        add_stored_key(r, namespace, key, taken=[k.name for k in cfg.keys])
     except KeyExists as e:
         click.echo(f"fleet: {e}", err=True)
         sys.exit(2)
@@ -330,6 +352,15 @@ def hash_key(secret: str) -> None:
 
     click.echo(hashlib.sha256(secret.encode()).hexdigest())
 
+
+def _models_commands() -> None:
+    from fleetctl.models_cli import models, promote_cmd, rollback_cmd
+
+    for cmd in (models, promote_cmd, rollback_cmd):
+        main.add_command(cmd)
+
+
+_models_commands()
 
 if __name__ == "__main__":
     main()

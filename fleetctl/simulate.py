@@ -33,9 +33,15 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     others = [simulate(sc, name, seed, trace) for name in POLICIES if name != policy] if compare else []
     bound = clairvoyant_bound(sc, trace) if compare or policy == "fleet" else None
     bound_all = clairvoyant_bound(sc, trace, max_class=3) if compare else None
-    bound_floors = clairvoyant_bound(sc, trace, max_class=3, keep_floor=True) if compare else None
+    bound_floors = clairvoyant_bound(sc, trace, max_class=3, keep_floor=True)
+    floors_hours = sum(b.replica_seconds for b in bound_floors.values()) / 3600
     summary = summarize(main)
-    judged = checks(main)
+    summary["bound_ratio"] = round(summary["replica_hours"] / floors_hours, 3) if floors_hours > 0 else None
+    rows = None
+    if compare:
+        rows = compare_rows([summary, *(summarize(o, timeline=False) for o in others)], bound, bound_all,
+                            bound_floors)
+    judged = checks(main, floors_hours, rows)
     doc: dict[str, Any] = {**summary, "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
     if bound is not None:
         doc["clairvoyant_bound"] = {
@@ -47,9 +53,8 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
                           "committed_calls": b.committed_calls, "infeasible_calls": b.infeasible_calls,
                           "spend_usd": round(b.spend_usd, 4)} for t, b in bound.items()},
         }
-    if compare:
-        doc["compare"] = compare_rows([summary, *(summarize(o, timeline=False) for o in others)], bound, bound_all,
-                                      bound_floors)
+    if rows is not None:
+        doc["compare"] = rows
     if plot_path:
         from simulator.plot import plot
 

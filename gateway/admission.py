@@ -51,6 +51,7 @@ from fleet.store.keys import TierKeys
 from fleet.store.line import Line
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
+from gateway.redis_loss import spawn
 from gateway.tickets import (
     AdmissionRequest,
     Reservation,
@@ -138,7 +139,9 @@ class Admission:
                 metrics.REQUESTS.labels(req.tier, req.priority.name, "shed").inc()
             raise
         except BaseException:
-            await end_all(taken, None)
+            # Redis away or the deadline's bound reached: releasing must not hold the caller's
+            # answer (each call could wait out its read timeout), so it runs on its own.
+            spawn(end_all(taken, None))
             raise
         ticket.reservations = taken
         return ticket
@@ -159,7 +162,7 @@ class Admission:
             budget=BudgetSignal(snap.budget_exhausted, snap.budget_retry_at))
         decision = judge_admission(obs, view.capacity, req.priority, prompt_tokens=req.prompt_tokens,
                                    output_tokens=req.expected_output_tokens, wait_limit_s=tc.wait_limit(req.priority),
-                                   deadline_s=req.deadline_ms / 1000)
+                                   deadline_s=req.deadline_ms / 1000, max_replicas=tc.max_replicas)
         if not decision.admitted:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)

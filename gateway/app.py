@@ -29,21 +29,38 @@ from fleet.policy import default_max_tokens
 from fleet.store.connection import Clients
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
-from gateway.admission import Admission, AdmissionRequest, Ticket, Usage, estimate_prompt_tokens, outcome_of
+from gateway.admission import Admission, AdmissionRequest, Ticket, estimate_prompt_tokens, outcome_of
+from gateway.answers import final_body, sse, usage_of
 from gateway.auth import KeyRing, authenticate, require_status_reader
 from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, from_event, install_error_handlers
 from gateway.fleet_api import router as fleet_router
+from gateway.models_api import router as models_router
 from gateway.observability import RequestRecorder
 from gateway.observability import router as metrics_router
 from gateway.openapi import install_openapi
+from gateway.redis_loss import (
+    GRACE_S,
+    READY_PING_S,
+    UNAVAILABLE,
+    Orphans,
+    count_response,
+    end_in_line,
+    spawn,
+    unavailable_error,
+)
 from gateway.request import ClientLeft, HeaderLimit, parse_chain_id, parse_deadline, read_body, validate
-from gateway.results import ClientGone, events, first_or_gone
+from gateway.result_reader import ResultReader, Watch
+from gateway.results import ClientGone, close_events, events, first_or_gone
 from gateway.schemas import ChatBody, CompletionBody
 from gateway.status import fleet_status
 
 log = logging.getLogger("fleet.gateway")
 JSON = "application/json"
+GATEWAY_POOL = 24  # ordinary Redis calls in flight at once; more wait for a connection
+# ... this long at most, then a 503. A queue under load, not a dead Redis: that fails the calls in flight.
+POOL_WAIT_S = 30.0
+STATUS_BOUND_S = 3.0  # GET /v1/fleet/status reads every tier: a few round trips each
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -60,7 +77,9 @@ class Gateway:
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s, blocking=blocking) for t in cfg.tiers}
         self.admission = Admission(cfg, redis, self.lines)
+        self.results = ResultReader()  # one reader of every open call's result stream
         self.keyring = keyring or KeyRing(cfg.keys)
+        self.orphans = Orphans()  # answered 503 while Redis was away; ended in the line when it returns
         self.started = time.time()
 
     async def govern_unless_a_scaler_does(self) -> None:
@@ -75,6 +94,8 @@ class Gateway:
         # tier whose workers all died still come back to the line.
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
+            if self.orphans.pending:
+                await self.orphans.sweep()
             for line in self.lines.values():
                 try:
                     await line.reap()
@@ -90,7 +111,10 @@ class Gateway:
 def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        clients = Clients.open(redis_url, name="gateway", max_connections=1024, max_blocking=4096)
+        # Connections stay bounded whatever the open-call count: the result reader holds one
+        # blocking connection per tier, and the ordinary calls queue for a pool of GATEWAY_POOL.
+        clients = Clients.open(redis_url, name="gateway", max_connections=GATEWAY_POOL,
+                               max_blocking=len(cfg.tiers) + 1, wait_for_connection_s=POOL_WAIT_S)
         redis = clients.calls
         gw = Gateway(cfg, redis, app.state.keyring, blocking=clients.blocking)
         app.state.gw = gw
@@ -103,6 +127,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             yield
         finally:
             await gw.admission.stop()
+            await gw.results.stop()
             reaper.cancel()
             await asyncio.gather(reaper, return_exceptions=True)
             await clients.aclose()
@@ -118,6 +143,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     app.include_router(metrics_router, dependencies=[Depends(require_status_reader)])
     app.include_router(dashboard_router)  # the page is public; the status it reads is not
     app.include_router(fleet_router)  # POST /v1/fleet/prewarm
+    app.include_router(models_router)  # /v1/fleet/models: the model registry (admin)
     install_openapi(app)  # the real request models, headers and errors in /openapi.json
 
     @app.get("/healthz")
@@ -127,8 +153,9 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
         gw: Gateway = request.app.state.gw
-        try:
-            await gw.redis.ping()
+        try:  # its own short bound: a frozen Redis must show here within a second, not a read timeout
+            async with asyncio.timeout(READY_PING_S):
+                await gw.redis.ping()
         except Exception as e:
             return APIError(503, f"the fleet's Redis does not answer ({type(e).__name__})", "service_unavailable",
                             code="redis_unavailable", headers={"Retry-After": "1"}).response()
@@ -147,7 +174,11 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     @app.get("/v1/fleet/status", dependencies=[Depends(require_status_reader)])
     async def status(request: Request) -> Response:
         gw: Gateway = request.app.state.gw
-        return _json(await fleet_status(gw.cfg, gw.redis, gw.lines, gw.admission.views))
+        try:  # a frozen Redis: a typed 503 within a couple of seconds, not after every read's timeout
+            async with asyncio.timeout(STATUS_BOUND_S):
+                return _json(await fleet_status(gw.cfg, gw.redis, gw.lines, gw.admission.views))
+        except TimeoutError:
+            raise unavailable_error(None) from None
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -158,6 +189,21 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         return await _complete(request, "completion")
 
     async def _complete(request: Request, kind: str) -> Response:
+        # Every response is counted once in fleet_requests_total (docs/metrics.md): a ticket counts
+        # the admitted ones, admission its 429s, and this the rest (refused before the line, 503).
+        said: dict[str, str | None] = {"tier": None, "priority": None}
+        try:
+            return await _serve(request, kind, said)
+        except APIError as e:
+            if e.status != 429 and not said.get("counted"):
+                count_response(said["tier"], said["priority"], UNAVAILABLE if e.status == 503 else "refused")
+            raise
+        except RedisError:
+            if not said.get("counted"):
+                count_response(said["tier"], said["priority"], UNAVAILABLE)
+            raise
+
+    async def _serve(request: Request, kind: str, said: dict[str, str | None]) -> Response:
         gw: Gateway = request.app.state.gw
         caller = authenticate(request)  # 401 before the body is even read
         raw = await read_body(request, gw.cfg.max_body_bytes)
@@ -166,9 +212,11 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         if tier is None:
             raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists the tiers",
                            param="model", code="model_not_found")
+        said["tier"] = tier
         caller.check_tier(tier)
         tc = gw.cfg.tiers[tier]
         priority = caller.priority(request.headers.get("x-priority"), gw.cfg.default_priority)
+        said["priority"] = priority.name
         deadline_ms = parse_deadline(request, gw.cfg.default_deadline_ms)
         chain = parse_chain_id(request)  # stored with the request in Redis: bounded and plain
         max_tokens = body.wanted_tokens(default_max_tokens(tc))
@@ -188,46 +236,81 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         rec = RequestRecorder(tier, priority.name)
         rid = uuid.uuid4().hex
         line = gw.lines[tier]
-        # Admission (gateway/admission.py): rate limits, budgets, the tier's drain and the
-        # deadline; a typed 429 with Retry-After, or a ticket whose reservations end with the request.
-        explicit = body.max_completion_tokens or body.max_tokens
-        ticket = await gw.admission.admit(AdmissionRequest(
-            rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
-            prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
-            expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(explicit)))
-        await ticket.enqueue(line, orjson.dumps(payload), chain)
+        headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
+        ticket: Ticket | None = None
+        watch: Watch | None = None
+        stream: AsyncIterator[dict[str, Any]] | None = None
         try:
-            stream = events(gw.redis, line, rid, deadline_at)
-            headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
-            try:
+            # Every Redis call until the first event runs under the caller's deadline (plus a
+            # grace): a frozen Redis resets nothing, so only a clock can end the wait.
+            async with asyncio.timeout_at(deadline_at + GRACE_S):
+                # Admission (gateway/admission.py): rate limits, budgets, the tier's drain and the
+                # deadline; a typed 429 with Retry-After, or a ticket whose reservations end with it.
+                explicit = body.max_completion_tokens or body.max_tokens
+                ticket = await gw.admission.admit(AdmissionRequest(
+                    rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
+                    prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
+                    expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(explicit)))
+                # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
+                watch = gw.results.watch(line, rid)
+                await ticket.enqueue(line, orjson.dumps(payload), chain)
+                stream = events(watch, line, deadline_at)
                 first = await first_or_gone(stream, request.receive)
-            except ClientGone:
-                await line.finish(rid, "cancelled")
-                await stream.aclose()
-                await ticket.close("cancelled")
-                return Response(status_code=499)
+        except (RedisError, TimeoutError) as e:
+            # Redis away or silent past the deadline: the caller hears 503 now, and the request,
+            # which may have joined the line, is ended there once Redis answers (never served).
+            if watch is not None:
+                watch.close()
+            if stream is not None:
+                spawn(close_events(stream))
+            if ticket is not None:
+                said["counted"] = "1"
+                gw.orphans.add(line, rid, UNAVAILABLE, ticket)
+            log.error("request %s: Redis unavailable (%s)", rid, type(e).__name__)
+            err = unavailable_error(e, deadline_ms=deadline_ms)
+            err.headers.update(headers)
+            raise err from None
+        except ClientGone:
+            assert ticket is not None and stream is not None and watch is not None
+            watch.close()
+            said["counted"] = "1"
+            with anyio.CancelScope(shield=True):
+                ended = await end_in_line(line, rid, "cancelled")
+                if ended is None:
+                    gw.orphans.add(line, rid, "cancelled", ticket)
+                spawn(close_events(stream))
+                if ended is not None:
+                    spawn(ticket.close(ended))
+            return Response(status_code=499)
+        said["counted"] = "1"  # the ticket counts it from here
+        try:
             if first["t"] == "err":
-                await stream.aclose()
+                spawn(close_events(stream))
                 await ticket.close(outcome_of(first))
                 err = from_event(first)
                 err.headers.update(headers)
                 raise err
             created = int(time.time())
             if body.stream:
-                return StreamingResponse(_sse(gw, line, rid, kind, body, first, stream, created, rec, ticket),
+                return StreamingResponse(sse(gw.orphans, line, rid, kind, body, first, stream, created, rec, ticket),
                                          media_type="text/event-stream", headers=headers)
-            await stream.aclose()
+            spawn(close_events(stream))
             rec.done(first)
-            await ticket.close("completed", _usage_of(first))
-            return _json(_final_body(kind, rid, body.model, created, first), headers=headers)
+            await ticket.close("completed", usage_of(first))
+            return _json(final_body(kind, rid, body.model, created, first), headers=headers)
+        except APIError:
+            raise
         except BaseException:
+            watch.close()
             with anyio.CancelScope(shield=True):
-                # Whatever broke here (Redis away, the client gone), the request must not
-                # run on with nobody to read it: end it in the line too. No-ops if ended.
-                with contextlib.suppress(Exception):
-                    await line.finish(rid, "failed")
-                with contextlib.suppress(Exception):
-                    await ticket.close("failed")
+                # Whatever broke here, the request must not run on with nobody to read it:
+                # end it in the line too (no-op if ended), or leave that to the orphan sweep.
+                ended = await end_in_line(line, rid, "failed")
+                if ended is None:
+                    gw.orphans.add(line, rid, "failed", ticket)
+                else:
+                    with contextlib.suppress(Exception):
+                        await ticket.close(ended)
             raise
 
     return app
@@ -245,83 +328,3 @@ async def _redis_unavailable(_: Request, exc: Exception) -> Response:
     log.error("Redis unavailable: %s", exc)
     return APIError(503, f"the fleet's Redis is unavailable ({type(exc).__name__}); retry shortly",
                     "service_unavailable", code="redis_unavailable", headers={"Retry-After": "1"}).response()
-
-
-def _usage_of(ev: dict[str, Any]) -> Usage:
-    return Usage(int(ev.get("pt", 0)), int(ev.get("ct", 0)))
-
-
-def _usage(ev: dict[str, Any]) -> dict[str, int]:
-    pt, ct = int(ev.get("pt", 0)), int(ev.get("ct", 0))
-    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
-
-
-def _final_body(kind: str, rid: str, model: str, created: int, ev: dict[str, Any]) -> dict[str, Any]:
-    text = ev.get("x", "")
-    if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": ev.get("fr", "stop"), "logprobs": None}
-        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [choice], "usage": _usage(ev)}
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": ev.get("fr", "stop"), "logprobs": None}],
-            "usage": _usage(ev)}
-
-
-async def _sse(gw: Gateway, line: Line, rid: str, kind: str, body: ChatBody | CompletionBody,
-               first: dict[str, Any], stream: AsyncIterator[dict[str, Any]], created: int,
-               rec: RequestRecorder, ticket: Ticket) -> AsyncIterator[bytes]:
-    """Server-sent events in OpenAI's chunk format, ending in `data: [DONE]`."""
-    chat = kind == "chat"
-    base: dict[str, Any] = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
-                            "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": created, "model": body.model}
-
-    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        return b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
-
-    finished = False
-    end: tuple[str, Usage | None] = ("cancelled", None)  # the outcome the ticket closes with
-    try:
-        if chat:
-            yield chunk("", role=True)
-        ev = first
-        while True:
-            if ev["t"] == "tok":
-                yield chunk(ev["x"])
-            elif ev["t"] == "done":
-                finished = True
-                end = ("completed", _usage_of(ev))
-                rec.done(ev)
-                yield chunk(None if chat else "", finish=ev.get("fr", "stop"))
-                if body.include_usage():
-                    yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(ev)}) + b"\n\n"
-                break
-            else:
-                finished = True
-                end = (outcome_of(ev), None)
-                err = from_event(ev)
-                yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
-                break
-            ev = await stream.__anext__()
-        yield b"data: [DONE]\n\n"
-    finally:
-        # The response task may be being cancelled (the client left): Starlette cancels
-        # it through an anyio scope, which would cancel every await here again, so the
-        # clean-up runs in a shielded scope of its own.
-        with anyio.CancelScope(shield=True):
-            if not finished:
-                # The client left mid-stream: abort the work in its engine.
-                with contextlib.suppress(Exception):
-                    await line.finish(rid, "cancelled")
-            with contextlib.suppress(Exception):
-                await ticket.close(*end)
-            with contextlib.suppress(Exception):
-                await stream.aclose()  # type: ignore[attr-defined]

@@ -65,6 +65,7 @@ class KeyRing:
     def __init__(self, keys: list[ApiKey]) -> None:
         self.configured = [(bytes.fromhex(k.sha256.strip().lower()), k) for k in keys]
         self.stored: list[tuple[bytes, ApiKey]] = []
+        self.broken: list[bytes] = []  # digests of stored records that do not parse: refused 403, logged
         self.keys = list(self.configured)
         self.sealed = False  # it had keys once and lost them all: refuse everyone rather than open up
 
@@ -74,6 +75,7 @@ class KeyRing:
         for bad in got.invalid:
             log.error("stored API key %s is invalid and ignored", bad)
         stored = [(bytes.fromhex(key.sha256), key) for key in got.keys]
+        self.broken = [bytes.fromhex(d) for d in got.invalid_digests if _hex_digest(d)]
         was_open = self.open
         if not stored and self.stored and not self.configured:
             # The last stored key vanished: revoked, or Redis lost its data. Falling open
@@ -109,12 +111,26 @@ class KeyRing:
             raise APIError(401, "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
         digest = hashlib.sha256(token.encode()).digest()
         found: ApiKey | None = None
+        broken = False
         for known, key in self.keys:  # every key is compared: the time does not depend on which matched
             if hmac.compare_digest(digest, known):
                 found = key
+        for known in self.broken:
+            if hmac.compare_digest(digest, known):
+                broken = True
+        if found is None and broken:
+            # Its record in Redis does not parse (stored by hand, or by an older `fleet keys add`).
+            log.error("a call presented the stored API key %s..., whose record is invalid; refused",
+                      digest.hex()[:12])
+            raise APIError(403, "this API key's stored record is invalid; an operator must revoke and re-add it",
+                           "permission_error", code="invalid_key_record")
         if found is None:
             raise APIError(401, "invalid API key", code="invalid_api_key")
         return Caller(found)
+
+
+def _hex_digest(d: str) -> bool:
+    return len(d) == 64 and all(c in "0123456789abcdef" for c in d.lower())
 
 
 def keyring(request: Request) -> KeyRing:

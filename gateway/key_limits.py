@@ -1,5 +1,7 @@
 """The API key's own limits, as steps of the gateway's admission sequence.
 
+Both are kept under the key's digest (`ApiKeyKeys`), never its name.
+
 - requests and tokens per minute (`rpm`, `tpm`): one atomic round trip that
   counts the window and takes the request and its estimated tokens, or refuses
   (`fleet.store.key_limits`);
@@ -45,7 +47,7 @@ class RateLimitStep:
         key = req.caller.key
         if key is None or (key.rpm is None and key.tpm is None):
             return None  # nothing to count: no round trip
-        got = await self.limiter.reserve(key.name, rpm=key.rpm, tpm=key.tpm, tokens=req.estimated_tokens)
+        got = await self.limiter.reserve(key.sha256, rpm=key.rpm, tpm=key.tpm, tokens=req.estimated_tokens)
         if isinstance(got, Limited):
             what = (f"{key.rpm} requests per minute" if got.limit == "rpm"
                     else f"{key.tpm} tokens per minute (this request may use {req.estimated_tokens})")
@@ -85,7 +87,7 @@ class KeyBudgetStep:
             return None  # no budget on this key: no round trip
         price = self.prices[req.tier]
         want = worst_case_usd(req.prompt_tokens, req.max_tokens, price)
-        got = await self.budget.reserve(key.name, req.rid, want, key.budget_usd,
+        got = await self.budget.reserve(key.sha256, req.rid, want, key.budget_usd,
                                         ttl_ms=req.deadline_ms + SWEEP_MARGIN_MS)
         if not got.ok:
             # Retry-After: reservations of requests in flight come back within their deadlines.
@@ -95,4 +97,4 @@ class KeyBudgetStep:
                           f"(spent ${got.spent_usd:.4f}, ${got.reserved_usd:.4f} held by calls in flight); "
                           f"this call may cost up to ${want:.4f}",
                           req, req.deadline_ms / 1000 if held else 3600.0)
-        return _KeyBudgetReservation(self.budget, key.name, req.rid, price)
+        return _KeyBudgetReservation(self.budget, key.sha256, req.rid, price)

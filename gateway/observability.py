@@ -28,10 +28,12 @@ from fleet import metrics as m
 from fleet.config import CLASSES, FleetConfig
 from fleet.governor import set_budget_gauges
 from fleet.observe import read_tier
-from fleet.policy import arrival_rate, drain_s, service_rate
+from fleet.policy import arrival_rate, drain_s, replicas_by_version, service_rate
 from fleet.store.line import Line
+from fleet.store.model_registry import read_record
 
 router = APIRouter()
+SCRAPE_REFRESH_S = 2.0  # the gauges' refresh from Redis may take this long per scrape
 
 
 async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
@@ -43,12 +45,13 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     for cls, n in zip(CLASSES, obs.line, strict=True):
         m.LINE_LENGTH.labels(tier, cls).set(n)
     m.OLDEST_WAIT.labels(tier).set(obs.oldest_wait_s)
+    _count_preemptions(tier, live.snap.counters)
     m.DRAIN.labels(tier).set(drain_s(obs))  # +Inf when nothing serves a non-empty line
     m.ARRIVAL_RATE.labels(tier).set(arrival_rate(obs))
     m.SERVICE_RATE.labels(tier).set(service_rate(obs))
     m.IN_FLIGHT.labels(tier).set(obs.in_flight)
-    for state, n in obs.replicas.by_state.items():
-        m.REPLICAS.labels(tier, state).set(n)
+    rec = await read_record(line.redis, line.keys)  # None before anything seeded the registry
+    m.set_replicas(tier, replicas_by_version(obs.replicas.members, rec.live if rec else tc.version))
     m.WARM_FLOOR.labels(tier).set(tc.warm_floor)
     m.MAX_REPLICAS.labels(tier).set(tc.max_replicas)
     m.DRAIN_THRESHOLD.labels(tier).set(tc.drain_threshold_s)
@@ -58,13 +61,28 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
         set_budget_gauges(tier, live.budget, [w.name for w in tc.budget.windows])
 
 
+_preempted_seen: dict[tuple[str, str], int] = {}
+
+
+def _count_preemptions(tier: str, counters: dict[str, int]) -> None:
+    """Advance fleet_preemptions_total by what the line counted since the last scrape (Redis holds the total)."""
+    for cls in CLASSES:
+        n = counters.get(f"preempted:{cls}", 0)
+        last = _preempted_seen.get((tier, cls))
+        if last is None or n > last:
+            m.PREEMPTIONS.labels(tier, cls).inc(n - (last or 0))
+        _preempted_seen[(tier, cls)] = n  # below the last: the counters were reset; count from there
+
+
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     gw = request.app.state.gw
     # A Redis blip must not cost the scrape the histograms: the gauges then
     # keep their last values and the failure shows as a missing refresh.
     lines = list(gw.lines.values())
-    await asyncio.gather(*(refresh_tier(gw.cfg, line) for line in lines), return_exceptions=True)
+    # A frozen Redis (no reset, only silence) is cut short too: the scrape answers within its bound.
+    await asyncio.gather(*(asyncio.wait_for(refresh_tier(gw.cfg, line), SCRAPE_REFRESH_S) for line in lines),
+                         return_exceptions=True)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

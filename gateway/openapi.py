@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from fleet.config import CLASSES
 from gateway.fleet_api import PrewarmBody
+from gateway.models_api import PromoteBody, RollbackBody
 from gateway.request import CHAIN_ID_PATTERN, DEADLINE_PATTERN, MAX_CHAIN_ID, MAX_DEADLINE_MS
 from gateway.schemas import ChatBody, CompletionBody, ErrorBody
 
@@ -70,7 +71,8 @@ def build(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description="An OpenAI-compatible gateway and capacity governor for agent fleets.")
     _, defs = models_json_schema([(ChatBody, "validation"), (CompletionBody, "validation"),
-                                  (PrewarmBody, "validation"), (ErrorBody, "serialization")], ref_template=REF)
+                                  (PrewarmBody, "validation"), (PromoteBody, "validation"),
+                                  (RollbackBody, "validation"), (ErrorBody, "serialization")], ref_template=REF)
     comps = doc.setdefault("components", {})
     comps.setdefault("schemas", {}).update(defs["$defs"])
     comps["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
@@ -89,6 +91,15 @@ def build(app: FastAPI) -> dict[str, Any]:
     op["responses"] = {"200": {"description": "The order, as stored.",
                                "content": {"application/json": {"schema": {"type": "object"}}}},
                        **_errors((400, 401, 403, 404, 408, 413, 422, 431, 503))}
+    for verb, model in (("promote", "PromoteBody"), ("rollback", "RollbackBody")):  # the model registry (admin)
+        op = paths[f"/v1/fleet/models/{{tier}}/{verb}"]["post"]
+        op.update(requestBody=_body(model), security=SECURITY)
+        op["responses"] = {"200": {"description": "The tier's registry record after the change.",
+                                   "content": {"application/json": {"schema": {"type": "object"}}}},
+                           **_errors((400, 401, 403, 404, 408, 413, 422, 431, 503)),
+                           "409": {"description": "Refused now: already_live, no_previous_version.",
+                                   "content": {"application/json": {"schema": {"$ref": REF.format(
+                                       model="ErrorBody")}}}}}
     status = paths["/v1/fleet/status"]["get"]
     status["security"] = SECURITY
     status["responses"] = {"200": {"description": "Per tier: line, drain, replicas, floor, ceiling, spend.",

@@ -3,31 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from redis.asyncio import Redis
-
 from fleet.store.line import Line
+from gateway.redis_loss import GRACE_S, spawn
+from gateway.result_reader import Watch
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
-_unlinks: set[asyncio.Task[Any]] = set()
 
 
 class ClientGone(Exception):
     """The caller disconnected."""
 
 
-async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> AsyncIterator[dict[str, Any]]:
-    """Yield the request's events until its final one (done or err).
+async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[dict[str, Any]]:
+    """Yield the request's events until its final one (done or err), as the
+    process's result reader (`gateway.result_reader`) hands them to `watch`.
 
     When the gateway's own clock passes the deadline, the request is ended
     as expired (whatever state it is in: in the line it leaves, running it is
     aborted in its engine) and the 504 event that `finish` writes is read
     like any other. If a worker finished first, its event wins.
     """
-    last = "0-0"
+    rid = watch.rid
     expired_sent = False
     loop = asyncio.get_running_loop()
     try:
@@ -35,25 +36,36 @@ async def events(redis: Redis, line: Line, rid: str, deadline_at: float) -> Asyn
             left = deadline_at - loop.time()
             if left <= 0 and not expired_sent:
                 expired_sent = True
-                await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                   "msg": "deadline passed before the request finished"})
+                async with asyncio.timeout(GRACE_S):  # a frozen Redis must not hold the caller's answer
+                    await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                       "msg": "deadline passed before the request finished"})
             if left < -GIVE_UP_AFTER_S:
                 # The final event never came (the request's keys are gone: an evicting
                 # or restarted Redis). The caller still gets its answer, not a hang.
                 yield {"t": "err", "status": 504, "type": "deadline_exceeded",
                        "msg": "deadline passed and the request's result was lost"}
                 return
-            block_ms = int(left * 1000) + 1 if left > 0 else 1000
-            for entry_id, ev in await line.read_events(rid, last, block_ms):
-                last = entry_id
-                yield ev
-                if ev["t"] in ("done", "err"):
-                    return
+            ev = await watch.next(left if left > 0 else GIVE_UP_AFTER_S + left + 0.001)
+            if ev is None:
+                continue
+            yield ev
+            if ev["t"] in ("done", "err"):
+                return
     finally:
+        watch.close()
         # Read, so drop it now rather than at its TTL, off the caller's path.
-        task = asyncio.get_running_loop().create_task(line.drop_events(rid))
-        _unlinks.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(_unlinks.discard)
+        spawn(_drop(line, rid))
+
+
+async def close_events(stream: AsyncIterator[dict[str, Any]]) -> None:
+    """Close a request's event reader off the caller's path; a reader already gone is fine."""
+    with contextlib.suppress(Exception):
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _drop(line: Line, rid: str) -> None:
+    with contextlib.suppress(Exception):  # Redis away: the stream's TTL drops it instead
+        await line.drop_events(rid)
 
 
 async def wait_disconnect(receive: Any) -> None:
@@ -70,6 +82,9 @@ async def first_or_gone(agen: AsyncIterator[dict[str, Any]], receive: Any) -> di
     gone = asyncio.ensure_future(wait_disconnect(receive))
     try:
         await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled (the deadline's bound): the pending read must not run on
+        nxt.cancel()
+        raise
     finally:
         gone.cancel()
     if nxt.done():

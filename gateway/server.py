@@ -241,20 +241,24 @@ class MetricsPortGate:
         await self.app(scope, receive, send)
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A bound listening TCP socket (IPv6 if the host is an IPv6 address)."""
+def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound listening TCP socket (IPv6 if the host is an IPv6 address). `reuse_port`:
+    SO_REUSEPORT, so several processes' sockets share the port (`gateway.processes`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
+    sock = socket.create_server((host, port), family=family, reuse_port=reuse_port)
     sock.set_inheritable(True)
     return sock
 
 
 def serve(app: Any, cfg: FleetConfig, *, host: str, port: int, metrics_port: int | None = None,
-          metrics_host: str = "127.0.0.1") -> None:
-    """Run `app` on host:port (and /metrics alone on metrics_host:metrics_port) until SIGINT/SIGTERM."""
-    sockets = [listen(host, port)]
+          metrics_host: str = "127.0.0.1", sockets: list[socket.socket] | None = None) -> None:
+    """Run `app` on host:port (and /metrics alone on metrics_host:metrics_port) until SIGINT/SIGTERM.
+    `sockets`: already bound (the API's first, then the metrics port's), as `gateway.processes` passes."""
+    if sockets is None:
+        sockets = [listen(host, port)]
+        if metrics_port:
+            sockets.append(listen(metrics_host, metrics_port))
     if metrics_port:
-        sockets.append(listen(metrics_host, metrics_port))
         app = MetricsPortGate(app, metrics_port)
     config = uvicorn.Config(app, loop="uvloop", http=protocol_for(EdgeLimits.of(cfg.gateway)), ws="none",
                             log_level="warning", access_log=False, timeout_graceful_shutdown=30)

@@ -15,9 +15,10 @@ from redis.asyncio import Redis
 
 from fleet.config import CLASSES, FleetConfig
 from fleet.observe import read_tier
-from fleet.policy import arrival_rate, calibrated_capacity, drain_s, service_rate, waiting
+from fleet.policy import arrival_rate, calibrated_capacity, drain_s, replicas_by_version, service_rate, waiting
 from fleet.store.capacity import read_calibration
 from fleet.store.line import Line
+from fleet.store.model_registry import ModelRecord, read_record
 from fleet.store.scaler_state import read_scaler_state
 from fleet.store.tier_budget import BudgetState
 from gateway.admission import TierView
@@ -60,6 +61,19 @@ def budget_status(state: BudgetState | None) -> dict[str, Any]:
     }
 
 
+def model_status(rec: ModelRecord | None, seed: str) -> dict[str, Any]:
+    """What the model registry says of the tier: the live version, the previous known-good, the
+    rollout (state: rolling, canary, done) and when it started."""
+    if rec is None:
+        return {"live": seed, "previous": None, "rollout": None, "seeded": False}
+    ro = rec.rollout
+    state = None if ro is None else ("done" if ro.done_at else "canary" if ro.canary and not ro.judged else "rolling")
+    return {"live": rec.live, "previous": rec.previous, "seeded": True,
+            "rollout": None if ro is None else {"kind": ro.kind, "from": ro.from_version, "to": ro.to_version,
+                                                "state": state, "by": ro.by, "started": ro.started,
+                                                "judged": ro.judged, "canary": ro.canary, "done_at": ro.done_at}}
+
+
 async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView | None = None) -> dict[str, Any]:
     """One tier's status. `view`: what this gateway's admission holds of the tier (its replicas
     and its calibrated capacity, refreshed each heartbeat)."""
@@ -69,7 +83,10 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
     sc = await read_scaler_state(redis, line.keys)  # None: no scaler running
     # What admission and scaling assume: the admission's view, else the scaler's published calibration.
     cap = view.capacity if view is not None else calibrated_capacity(tc, await read_calibration(redis, line.keys))
+    rec = await read_record(redis, line.keys)  # None until a scaler, worker or admin call seeds the registry
     return {
+        "model": model_status(rec, tc.version),
+        "versions": replicas_by_version(obs.replicas.members, rec.live if rec else tc.version),
         "line": dict(zip(CLASSES, obs.line, strict=True)),
         "waiting": waiting(obs),
         "in_flight": obs.in_flight,
@@ -79,7 +96,7 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
         "seconds_to_drain": _finite(drain_s(obs), 9),
         "drain_threshold_s": tc.drain_threshold_s,
         "replicas": obs.replicas.by_state,
-        "replica_detail": [{"id": r.id, "state": r.state, "in_use": r.in_use, "slots": r.slots,
+        "replica_detail": [{"id": r.id, "state": r.state, "version": r.version, "in_use": r.in_use, "slots": r.slots,
                             "completed": r.completed, "cold_start_s": r.cold_start_s} for r in live.beats],
         "floor": sc.floor if sc else tc.warm_floor,
         "ceiling": sc.ceiling if sc else tc.max_replicas,
@@ -96,6 +113,8 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
                       else None),
         "outcomes": {k: snap.counters.get(k, 0) for k in ("accepted", "completed", "expired", "cancelled",
                                                             "failed", "requeued")},
+        "preemptions": {"total": snap.counters.get("preempted", 0),
+                        **{c: snap.counters.get(f"preempted:{c}", 0) for c in CLASSES}},
         "tokens": {"prompt": snap.counters.get("prompt_tokens", 0),
                    "completion": snap.counters.get("completion_tokens", 0)},
     }

@@ -10,7 +10,6 @@ expired, was cancelled or failed.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -93,17 +92,22 @@ class Ticket:
     request_key: str  # the request's hash in the line: did an engine ever take it?
     reservations: list[Reservation] = field(default_factory=list)
     closed: bool = False
+    recorded: bool = False
 
     async def enqueue(self, line: Line, payload: bytes, chain: str = "") -> int:
-        """Join the line and drop the being-admitted mark in one step (the line now counts it)."""
-        try:
-            return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
-                                      admitting=(self.admitting_key, self.member))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self.redis.zrem(self.admitting_key, self.member)
-            await self.close(None)
-            raise
+        """Join the line and drop the being-admitted mark in one step (the line now counts it).
+
+        If this fails the request may still have joined (a frozen Redis runs the
+        script when it wakes): the caller ends it as an orphan (`gateway.redis_loss`),
+        which also ends this ticket; the being-admitted mark expires by itself."""
+        return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
+                                  admitting=(self.admitting_key, self.member))
+
+    def record(self, outcome: str) -> None:
+        """Count the request's one outcome in fleet_requests_total (once, however often called)."""
+        if not self.recorded:
+            self.recorded = True
+            metrics.REQUESTS.labels(self.req.tier, self.req.priority.name, outcome).inc()
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request once: count its outcome and end every reservation. Later calls do nothing.
@@ -118,7 +122,7 @@ class Ticket:
             return
         self.closed = True
         if outcome is not None:
-            metrics.REQUESTS.labels(self.req.tier, self.req.priority.name, outcome).inc()
+            self.record(outcome)
         settle_with = usage if outcome == "completed" else None
         if outcome in ("cancelled", "expired") and self.reservations:
             attempt = await self.redis.hget(self.request_key, "attempt")

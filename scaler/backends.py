@@ -22,7 +22,7 @@ import orjson
 from fleet import __version__
 from scaler.placement import cuda_visible_devices
 
-LABEL = "fleet.replica"  # Docker label prefix: fleet.replica.namespace, .tier, .id, .version, .image, .gpus
+LABEL = "fleet.replica"  # Docker label prefix: fleet.replica.namespace, .tier, .id, .version (the model's), .software, .image, .gpus
 
 
 @dataclass
@@ -38,10 +38,12 @@ class Supervised:
     pid: int | None = None
     container: str | None = None
     host: str = ""
-    state: str = "starting"  # starting | ready | draining | stopping (killed; gone at the next poll)
+    state: str = "starting"  # starting | ready | parked | draining | stopping (killed; gone at the next poll)
     ready_at: float | None = None
     drain_at: float | None = None
+    parked_at: float | None = None  # parked (SIGUSR1: up and warm, claiming nothing) since
     exit_code: int | None = field(default=None, compare=False)
+    version: str = ""  # the model version it was started at ("" : the registry's live one then)
 
     def dumps(self) -> bytes:
         d = asdict(self)
@@ -68,6 +70,9 @@ class Backend(Protocol):
 
     def kill(self, rec: Supervised) -> None: ...
 
+    def signal(self, rec: Supervised, sig: int) -> None:
+        """Send `sig` to the replica: SIGUSR1 parks it, SIGUSR2 resumes it."""
+
     def cleanup(self, rec: Supervised) -> None:
         """After it exited: reap the process or remove the container; sets rec.exit_code."""
 
@@ -92,7 +97,8 @@ class LocalBackend:
 
     def command(self, rec: Supervised) -> list[str]:
         return [sys.executable, "-m", "fleetctl", "worker", "--tier", rec.tier, "--replica-id", rec.id,
-                *(["--engine", self.engine] if self.engine else [])]
+                *(["--engine", self.engine] if self.engine else []),
+                *(["--model-version", rec.version] if rec.version else [])]
 
     def launch(self, rec: Supervised) -> None:
         env = dict(self.env)
@@ -122,6 +128,9 @@ class LocalBackend:
 
     def kill(self, rec: Supervised) -> None:
         self._signal(rec, signal.SIGKILL)
+
+    def signal(self, rec: Supervised, sig: int) -> None:
+        self._signal(rec, sig)
 
     def cleanup(self, rec: Supervised) -> None:
         p = self.children.pop(rec.id, None)
@@ -167,12 +176,13 @@ def container_spec(namespace: str, image: str, rec: Supervised, env: dict[str, s
         "image": image,
         "command": ["fleet", "worker", "--tier", rec.tier, "--replica-id", rec.id,
                     *(["--engine", engine] if engine else []),
+                    *(["--model-version", rec.version] if rec.version else []),
                     *(["--metrics-port", str(metrics_port), "--metrics-host", "0.0.0.0"] if metrics_port else [])],
         "name": f"{namespace}-{rec.id}",
         "detach": True,
         "environment": env,
         "labels": {f"{LABEL}.namespace": namespace, f"{LABEL}.tier": rec.tier, f"{LABEL}.id": rec.id,
-                   f"{LABEL}.version": __version__, f"{LABEL}.image": image,
+                   f"{LABEL}.version": rec.version, f"{LABEL}.software": __version__, f"{LABEL}.image": image,
                    f"{LABEL}.gpus": cuda_visible_devices(rec.gpus), f"{LABEL}.gpu_gb": str(rec.gpu_gb)},
         # Drain takes as long as the longest stream; the supervisor kills after its own grace.
         "stop_signal": "SIGTERM",
@@ -251,6 +261,10 @@ class DockerBackend:
         elif c.status != "exited":  # never got to run (created) or is looping: nothing to drain
             c.remove(force=True)
 
+    def signal(self, rec: Supervised, sig: int) -> None:
+        if (c := self._get(rec)) is not None and c.status == "running":
+            c.kill(signal=signal.Signals(sig).name)
+
     def kill(self, rec: Supervised) -> None:
         if (c := self._get(rec)) is None:
             return
@@ -276,5 +290,6 @@ class DockerBackend:
             gpus = tuple(int(g) for g in lab.get(f"{LABEL}.gpus", "").split(",") if g)
             found.append(Supervised(id=lab[f"{LABEL}.id"], tier=lab[f"{LABEL}.tier"], backend=self.name,
                                     launched=0.0, gpus=gpus, gpu_gb=float(lab.get(f"{LABEL}.gpu_gb", 0) or 0),
-                                    container=c.id, host=self.host, state="ready"))
+                                    container=c.id, host=self.host, state="ready",
+                                    version=lab.get(f"{LABEL}.version", "")))
         return found

@@ -46,6 +46,7 @@ from fleet.policy import (
     initial_calibration,
     modelled_startup_s,
     prewarm_lead_s,
+    replicas_by_version,
     scale_in_victims,
     scaling_state,
     startup_estimate,
@@ -61,6 +62,7 @@ from fleet.store.line import Line
 from fleet.store.prewarm_orders import read_orders
 from fleet.store.scaler_state import ScalerState, read_scaler_state, write_scaler_state
 from fleet.store.tier_budget import read_budget_state
+from scaler.rollout import Rollouts
 from scaler.supervisor import ReplicaEvent, Supervisor
 
 log = logging.getLogger("fleet.scaler")
@@ -87,6 +89,7 @@ class Scaler:
         self.startup_at_least: dict[str, float] = {}
         self.calibration: dict[str, Calibration] = {}
         self.last_written: dict[str, tuple[str, str]] = {}
+        self.rollouts = Rollouts(cfg, redis, supervisor, self.id)  # the model registry's versions
 
     # --- the loop -------------------------------------------------------------------
 
@@ -138,6 +141,7 @@ class Scaler:
                     await self._event(ReplicaEvent(tier, "", "tick_failed", f"{type(e).__name__}: {e}"))
 
     async def _take_over(self) -> None:
+        await self.rollouts.seed()
         for tier in self.cfg.tiers:
             # Resume the hold and the measured start-up where the last leader left them.
             last = await read_scaler_state(self.redis, TierKeys(self.cfg.namespace, tier), stale_after_s=None)
@@ -162,15 +166,15 @@ class Scaler:
         tc = self.cfg.tiers[tier]
         out = {b.id: observed(b) for b in heartbeats}
         for rec in self.supervisor.of_tier(tier):
-            if rec.state in ("draining", "stopping"):
+            if rec.state in ("draining", "stopping", "parked"):
                 state = "draining"  # SIGTERM sent; its heartbeat may not say so yet
             elif rec.id in out:
                 continue
             else:
                 state = "starting" if rec.state == "starting" else "ready"
             beat = out.get(rec.id)
-            out[rec.id] = (ObservedReplica(rec.id, state, tc.slots, 0, rec.launched) if beat is None
-                           else dataclasses.replace(beat, state=state))
+            out[rec.id] = (ObservedReplica(rec.id, state, tc.slots, 0, rec.launched, version=rec.version)
+                           if beat is None else dataclasses.replace(beat, state=state))
         return list(out.values())
 
     async def tick_tier(self, tier: str) -> ScaleDecision:
@@ -222,14 +226,16 @@ class Scaler:
             gpu_ceiling=gpu_ceiling(have, reps.draining, room), calm_since=self.calm_since.get(tier))
         d = decide_tier(state, tc, now)
         self.calm_since[tier] = d.calm_since
-        note = await self._execute(tier, d, obs)
+        live = await self.rollouts.live(tier)  # new replicas start at the live version
+        note = await self._execute(tier, d, obs, live)
+        if d.action in ("hold", "capped"):  # a rollout steps only while the scaler's own decision holds
+            note += await self.rollouts.step(tier, d, obs, self._lease_ok)
         replaced = [e.replica for e in events if e.event in ("died", "start_timeout")]
         if d.action == "scale_out" and replaced:
             note += f"; replaces {', '.join(replaced)}"
 
         metrics.SCALE_DECISIONS.labels(tier, d.action, d.code).inc()
-        for st, n in reps.by_state.items():
-            metrics.REPLICAS.labels(tier, st).set(n)
+        metrics.set_replicas(tier, replicas_by_version(reps.members, live))
         metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
         metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
         await self._publish(k, tier, d, note, now, prewarm, cap.startup_s, reps.by_state)
@@ -245,7 +251,7 @@ class Scaler:
         self.supervisor.forget()
         return False
 
-    async def _execute(self, tier: str, d: ScaleDecision, obs: TierObservation) -> str:
+    async def _execute(self, tier: str, d: ScaleDecision, obs: TierObservation, live: str = "") -> str:
         """Carry out a decision through the supervisor, renewing the lease before each act;
         returns a note for the published reason (what could not be done, and why)."""
         if d.action == "scale_out":
@@ -254,7 +260,7 @@ class Scaler:
                 if not await self._lease_ok():
                     return f" (started {started}; lease lost)"
                 try:
-                    rec = await self.supervisor.start(tier)
+                    rec = await self.supervisor.start(tier, version=live)
                 except Exception as e:  # the backend could not launch: say so, try again next tick
                     log.exception("%s: launch failed", tier)
                     await self._event(ReplicaEvent(tier, "", "launch_failed", f"{type(e).__name__}: {e}"))
@@ -267,14 +273,15 @@ class Scaler:
         if d.action == "scale_in":
             ours = {r.id for r in self.supervisor.of_tier(tier) if r.state in ("starting", "ready")}
             # The policy names it; it finishes what it holds before leaving.
-            victims = scale_in_victims(obs.replicas.members, 1, eligible=ours)
+            victims = scale_in_victims(obs.replicas.members, 1,
+                                       eligible=self.rollouts.scale_in_eligible(tier, obs, ours))
             if not victims:
                 return " (no replica this supervisor can drain)"
             victim = victims[0]
             if not await self._lease_ok():
                 return " (lease lost)"
-            await self.supervisor.drain(victim.id)
-            return f" (draining {victim.id}, {victim.in_use} in flight)"
+            how = await self.rollouts.retire(tier, victim.id)  # an old version's may park, warm
+            return f" ({'parking' if how == 'park' else 'draining'} {victim.id}, {victim.in_use} in flight)"
         return ""
 
     async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,
@@ -327,9 +334,10 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
                      lease_s: float = 3.0, drain_grace_s: float = 300.0, stop_replicas_on_exit: bool = False,
                      metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                      config_path: str | None = None, scaler_id: str | None = None,
-                     volumes: list[str] | None = None, worker_metrics_port: int | None = None) -> None:
-    """`fleet scaler`: metrics, GPU inventory, the backend (local processes or Docker), the
-    supervisor and the loop, until SIGTERM or SIGINT."""
+                     volumes: list[str] | None = None, ray_address: str | None = None,
+                     worker_metrics_port: int | None = None) -> None:
+    """`fleet scaler`: metrics, GPU inventory, the backend (local processes, Docker, or a Ray
+    cluster), the supervisor and the loop, until SIGTERM or SIGINT."""
     from scaler.backends import Backend, DockerBackend, LocalBackend
     from scaler.placement import Placement, discover
 
@@ -345,7 +353,13 @@ async def run_scaler(cfg: FleetConfig, redis_url: str, *, backend: str = "local"
              ", ".join(f"{g.index}:{g.memory_gb:.0f}GB" for g in gpus) or "none (replicas run without GPUs)")
     env = worker_env(redis_url, config_path)
     be: Backend
-    if backend == "docker":
+    if backend == "ray":  # Ray places replicas on its nodes' GPUs: no local inventory applies
+        from scaler.ray_backend import RayBackend
+
+        be, gpus = RayBackend(cfg.namespace, ray_address or "auto",
+                              {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
+                              {t: tc.gpus_per_replica for t, tc in cfg.tiers.items()}, engine=engine), []
+    elif backend == "docker":
         be = DockerBackend(cfg.namespace, image, {k: v for k, v in env.items() if k.startswith(("FLEET_", "REDIS_"))},
                            network=network, engine=engine, volumes=volumes, metrics_port=worker_metrics_port)
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class Supervisor:
         self.records: dict[str, Supervised] = {}
         self.start_timeouts: dict[str, int] = {}  # tier -> consecutive start timeouts (each doubles the limit)
         self.last_beat: dict[str, float] = {}  # replica -> when a live heartbeat was last seen
+        self.watched: dict[str | None, float] = {}  # tier (None: all) -> when it was last polled
 
     def keys(self, tier: str) -> TierKeys:
         return TierKeys(self.cfg.namespace, tier)
@@ -97,15 +99,15 @@ class Supervisor:
 
     # --- actions --------------------------------------------------------------------
 
-    async def start(self, tier: str) -> Supervised | None:
-        """Start one replica of the tier; None when no GPU has room for it."""
+    async def start(self, tier: str, version: str = "") -> Supervised | None:
+        """Start one replica of the tier (at `version` of its model); None when no GPU has room for it."""
         tc = self.cfg.tiers[tier]
         rid = f"{tier}-{uuid.uuid4().hex[:8]}"
         gpus = self.placement.place(rid, tc.gpus_per_replica, tc.gpu_memory_gb)
         if gpus is None:
             return None
         rec = Supervised(id=rid, tier=tier, backend=self.backend.name, launched=time.time(), gpus=gpus,
-                         gpu_gb=tc.gpu_memory_gb if gpus else 0.0)
+                         gpu_gb=tc.gpu_memory_gb if gpus else 0.0, version=version)
         try:  # a launch can block for seconds (pulling, creating a container): off the event loop
             await asyncio.to_thread(self.backend.launch, rec)
         except Exception:
@@ -127,6 +129,29 @@ class Supervisor:
         log.info("draining %s", rid)
         return True
 
+    async def park(self, rid: str) -> bool:
+        """SIGUSR1: the replica stops claiming and finishes what it holds, but stays up and warm
+        (its heartbeat says draining) until `unpark`, or a drain after the tier's warm grace."""
+        rec = self.records.get(rid)
+        if rec is None or rec.state != "ready":
+            return False
+        await asyncio.to_thread(self.backend.signal, rec, signal.SIGUSR1)
+        rec.state, rec.parked_at = "parked", time.time()
+        await self._save(rec)
+        log.info("parked %s (warm)", rid)
+        return True
+
+    async def unpark(self, rid: str) -> bool:
+        """SIGUSR2: a parked replica claims again, with no cold start."""
+        rec = self.records.get(rid)
+        if rec is None or rec.state != "parked":
+            return False
+        await asyncio.to_thread(self.backend.signal, rec, signal.SIGUSR2)
+        rec.state, rec.parked_at = "ready", None
+        await self._save(rec)
+        log.info("resumed %s", rid)
+        return True
+
     # --- watching -------------------------------------------------------------------
 
     async def poll(self, ready_ids: set[str], startup_s: float = 0.0, tier: str | None = None, *,
@@ -137,22 +162,31 @@ class Supervisor:
         so neither a wedged replica nor a loading one can be told apart)."""
         now = time.time()
         events: list[ReplicaEvent] = []
+        # Not polled for a while: this scaler's own ticks failed (Redis away or frozen), and the
+        # replicas' silence since is the store's, not theirs. Each gets a full wedged window again
+        # rather than being killed with its running work on the first tick after the outage.
+        blind = now - self.watched.get(tier, now) > 3 * self.cfg.heartbeat_s + 1
+        self.watched[tier] = now
         for rec in list(self.records.values()):
             if tier is not None and rec.tier != tier:
                 continue
-            if beating_ids is not None and (rec.id in beating_ids or rec.id in ready_ids):
+            if blind or (beating_ids is not None and (rec.id in beating_ids or rec.id in ready_ids)):
                 self.last_beat[rec.id] = now
             self.last_beat.setdefault(rec.id, now)  # first seen (started, adopted): its beats are still due
             if not self.backend.alive(rec):
                 self.backend.cleanup(rec)
                 await self._remove(rec)
                 code = f"exit {rec.exit_code}" if rec.exit_code is not None else "exited"
-                if rec.state == "draining":
+                if rec.state in ("draining", "parked"):
                     events.append(ReplicaEvent(rec.tier, rec.id, "drained", f"drained and left ({code})"))
                 elif rec.state != "stopping":  # a stopped one was reported when it was stopped
                     events.append(ReplicaEvent(rec.tier, rec.id, "died", f"died while {rec.state} ({code})"))
                 continue
-            if rec.state == "draining" and rec.drain_at and now - rec.drain_at > self.drain_grace_s:
+            if rec.state == "parked" and now - (rec.parked_at or now) > self.cfg.tiers[rec.tier].rollout.warm_grace_s:
+                await self.drain(rec.id)  # the warm grace is over: a rollback now starts afresh
+                events.append(ReplicaEvent(rec.tier, rec.id, "warm_grace_over", "parked past the warm grace; "
+                                           "draining"))
+            elif rec.state == "draining" and rec.drain_at and now - rec.drain_at > self.drain_grace_s:
                 self.backend.kill(rec)
                 rec.state = "stopping"
                 await self._save(rec)

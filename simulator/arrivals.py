@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from fleet.config import Priority
 from simulator.scenario import Length, Scenario, _Process, rate_at
+from simulator.tracefile import TraceArrival
 
 
 @dataclass(slots=True)
@@ -147,12 +148,29 @@ def build_trace(sc: Scenario, seed: int | None = None) -> Trace:
             gc.enable()
 
 
+def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> list[Arrival]:
+    """A trace arrival's calls, each in its class (drawn by the fractions when split)."""
+    shares = [(int(Priority[name]), cum, sc.deadline_ms(name, a.deadline_ms) / 1000) for name, cum in a.fractions()]
+    out = []
+    for t, prompt, output in sc.trace_calls(a, rng):
+        if len(shares) == 1:
+            cls, _, dl = shares[0]
+        else:
+            u = rng.random()
+            cls, _, dl = next((x for x in shares if u < x[1]), shares[-1])
+        out.append(Arrival(t, Call(tier, cls, prompt, output), dl))
+    return out
+
+
 def _build_trace(sc: Scenario, seed: int) -> Trace:
     """Draw every arrival and every chain, each process from its own seeded random stream."""
     arrivals: list[Arrival] = []
     for i, a in enumerate(sc.spec.arrivals):
         rng = random.Random(f"{seed}/arrivals/{i}")
         tier = sc.cfg.resolve_model(a.tier) or a.tier
+        if isinstance(a, TraceArrival):
+            arrivals += _traced(sc, a, tier, rng)
+            continue
         cls = int(Priority[a.cls])
         deadline_s = sc.deadline_ms(a.cls, a.deadline_ms) / 1000
         prompt, output = sampler(a.prompt_tokens), sampler(a.output_tokens)

@@ -163,8 +163,14 @@ class Simulator:
             self.samples[tier.name].append(Sample(
                 self.t, offered, arrival_rate(obs), tier.waiting, drain_s(obs),
                 tier.n_starting, tier.n_ready, tier.n_draining, tier.spend_usd))
-        if self.t + self.tick_s <= self.sc.duration_s:
+        # Past the end no call arrives, but the scaler keeps ticking while accepted calls
+        # are still in line or running: they end on time or late, never "unfinished".
+        if self.t + self.tick_s <= self.sc.duration_s or self.busy():
             self.events.push(self.t + self.tick_s, TICK, None)
+
+    def busy(self) -> bool:
+        """Whether any accepted call is still in a line or on a replica."""
+        return any(t.waiting or t.in_flight for t in self.tiers.values())
 
     # --- the run ----------------------------------------------------------------
 
@@ -196,11 +202,11 @@ class Simulator:
         end = self.sc.duration_s
         events = 0
         while True:
-            next_arr = arrivals[ai][0] if ai < n_arr else math.inf
+            next_arr = arrivals[ai][0] if ai < n_arr and arrivals[ai][0] <= end else math.inf
             if heap and heap[0][0] <= next_arr:
+                if heap[0][0] > end and not self.busy():
+                    break  # the replay has ended and every accepted call with it
                 t, kind, _, obj = heappop(heap)
-                if t > end:
-                    break
                 self.events.t = t
                 events += 1
                 if kind == DECODED:
@@ -215,7 +221,7 @@ class Simulator:
                     serving.on_abort(obj)
                 elif kind == READY:
                     serving.on_ready(*obj)
-            elif next_arr <= end:
+            elif next_arr < math.inf:
                 t, _, x = arrivals[ai]
                 ai += 1
                 self.events.t = t
@@ -226,9 +232,10 @@ class Simulator:
                     self.start_chain(x)
             else:
                 break
-        self.events.t = end
+        # The bill runs until the last accepted call has ended (at least to the replay's end).
+        self.events.t = last = max(end, self.events.t)
         for tier in self.tiers.values():
-            tier.account(end)
+            tier.account(last)
         return SimResult(self.policy.name, self.sc, self.tiers, self.decisions, self.samples, self.chains,
                          self.chains_by_class, budget_report(self.sc, self.tiers, self.tick_s),
-                         wall_s=time.perf_counter() - wall0, events=events)
+                         wall_s=time.perf_counter() - wall0, events=events, ended_s=last)

@@ -104,7 +104,8 @@ class OurPolicy(SimPolicy):
         output-length estimate (the call's true length is not known before it runs)."""
         cap = self._capacity(obs.tier, tc)
         d = judge_admission(obs, cap, priority, prompt_tokens=prompt_tokens, output_tokens=cap.output_estimate(None),
-                            wait_limit_s=tc.wait_limit(priority), deadline_s=deadline_s)
+                            wait_limit_s=tc.wait_limit(priority), deadline_s=deadline_s,
+                            max_replicas=tc.max_replicas)
         return None if d.admitted else d.reason
 
     def scale(self, obs: TierObservation, tc: TierConfig) -> Action:

@@ -31,6 +31,28 @@ def _num(x: float | None, nd: int = 3) -> float | None:
     return round(x, nd)
 
 
+def flaps(r: SimResult) -> dict[str, int]:
+    """Per tier, scale-outs that came within the tier's `scale_in_hold_s` after a scale-in:
+    capacity given back and bought again, each paying a cold start. Judged the same way
+    for every policy, on its own timeline."""
+    out: dict[str, int] = dict.fromkeys(r.tiers, 0)
+    last_in: dict[str, float] = {}
+    for d in r.decisions:
+        if d.action == "scale_in" and d.delta < 0:
+            last_in[d.tier] = d.t
+        elif d.delta > 0 and d.tier in last_in:
+            if d.t - last_in[d.tier] <= r.tiers[d.tier].tc.scale_in_hold_s + 1e-9:
+                out[d.tier] += 1
+            del last_in[d.tier]  # one scale-in undone counts once
+    return out
+
+
+def budget_use(r: SimResult) -> dict[str, float]:
+    """Spent / budget for every budget window the replay touched, keyed "tier/window"."""
+    return {f"{t}/{w}": round(v["spent_usd"] / v["budget_usd"], 4) if v["budget_usd"] else 0.0
+            for t, b in r.budget.items() for w, v in b.items()}
+
+
 def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
     """The replay as one plain dict (what --json prints): per tier and class, outcomes and
     latencies; per tier, replica-hours, spend and budget windows; goodput; the timeline."""
@@ -51,6 +73,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "arrived": o.arrived, "accepted": o.accepted, "completed": o.completed,
                 "shed": dict(sorted(o.shed.items())), "expired": o.expired_waiting + o.expired_running,
                 "expired_waiting": o.expired_waiting, "expired_running": o.expired_running,
+                "preempted": o.preempted,
                 "unfinished_at_end": unfinished,
                 "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
                 "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
@@ -75,6 +98,9 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
             "cost_per_million_useful_tokens_usd": _num(cost_per_useful_million(spend, useful, dur), 4),
             "budget": {w: {**v, "spent_usd": round(v["spent_usd"], 4)} for w, v in r.budget.get(name, {}).items()},
         }
+    flapped = flaps(r)
+    for name, n in flapped.items():
+        tiers[name]["flaps"] = n
     spend = sum(t.spend_usd for t in r.tiers.values())
     useful_all = sum(v["useful_tokens"] for v in tiers.values())
     out: dict[str, Any] = {
@@ -87,6 +113,9 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
         "spend_usd": round(spend, 4),
         "cost_per_million_useful_tokens_usd": _num(cost_per_useful_million(spend, useful_all, dur), 4),
         "within_budget": all(w["within"] for b in r.budget.values() for w in b.values()),
+        "budget_use": budget_use(r),
+        "flaps": flapped,
+        "ended_s": round(max(r.ended_s, dur), 3),
         "tiers": tiers,
         "chains": r.chains,
         "chains_by_class": r.chains_by_class,
@@ -113,10 +142,40 @@ def replicas_at(r: SimResult, tier: str, t: float) -> int | None:
 # --- Checks --------------------------------------------------------------------------
 
 
-def checks(r: SimResult) -> list[tuple[str, bool, str]]:
-    """The scenario's `expect:` block, judged: (name, passed, what was seen)."""
+def committed_missed(r: SimResult) -> int:
+    """Committed calls that arrived and did not complete on time (shed, expired or aborted)."""
+    return sum(t.outcomes[0].arrived - t.outcomes[0].completed for t in r.tiers.values())
+
+
+def checks(r: SimResult, bound_hours: float | None = None,
+           rows: list[dict[str, Any]] | None = None) -> list[tuple[str, bool, str]]:
+    """The scenario's `expect:` block, judged: (name, passed, what was seen).
+
+    `bound_hours`: the clairvoyant "every call + floors" bound, for `bound_ratio`;
+    `rows`: the compare rows (`--compare`), for `beats_baselines` (skipped without them).
+    """
     exp = r.scenario.spec.expect
     out: list[tuple[str, bool, str]] = []
+    if "committed_missed" in exp:
+        n = committed_missed(r)
+        out.append(("committed calls missed", n <= exp["committed_missed"], f"{n} missed"))
+    if "flaps" in exp:
+        f = flaps(r)
+        out.append(("flaps (a scale-out within the hold after a scale-in)", sum(f.values()) <= exp["flaps"],
+                    ", ".join(f"{k} {v}" for k, v in f.items())))
+    if "bound_ratio" in exp and bound_hours:
+        ratio = sum(t.replica_seconds for t in r.tiers.values()) / 3600 / bound_hours
+        out.append((f"replica-hours within {exp['bound_ratio']}x the clairvoyant bound", ratio <= exp["bound_ratio"],
+                    f"{ratio:.3f}x of {bound_hours:.2f} replica-hours"))
+    if exp.get("beats_baselines") and rows:
+        me = next(x for x in rows if x["policy"] == r.policy)
+        others = [x for x in rows if x["rank"] is not None and x["policy"] != r.policy]
+        worse = [f"{x['policy']} {x['replica_hours']:.2f} h" for x in others
+                 if x["replica_hours"] < me["replica_hours"]]
+        worse += [f"{x['policy']} committed {x['committed_goodput_rps']:.3f}/s" for x in others
+                  if x["committed_goodput_rps"] > me["committed_goodput_rps"] + 1e-9]
+        out.append(("no more replica-hours and no less committed goodput than any baseline", not worse,
+                    f"{me['replica_hours']:.2f} h; " + ("; ".join(worse) + " better" if worse else "ahead of all")))
     if "committed_chains_failed" in exp:
         c = r.chains_by_class.get("committed", {})
         bad = c.get("timed_out", 0) + c.get("shed", 0)
@@ -131,7 +190,8 @@ def checks(r: SimResult) -> list[tuple[str, bool, str]]:
     if exp.get("within_budget"):
         over = [f"{t}/{w}: ${v['spent_usd']:.2f} > ${v['budget_usd']:.2f}" for t, b in r.budget.items()
                 for w, v in b.items() if not v["within"]]
-        out.append(("spend within every budget window", not over, "; ".join(over) or "all within"))
+        out.append(("spend within every budget window (one tick of burn at most over)", not over,
+                    "; ".join(over) or "all within"))
     for clock, floors in (exp.get("replicas_at") or {}).items():
         t = r.scenario.at(clock)
         seen = {tier: replicas_at(r, tier, t) for tier in floors}
@@ -182,15 +242,19 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
                          _f(c["ttft_s"]["p99"]), _f(c["tpot_s"]["p50"], 4), _f(c["tpot_s"]["p99"], 4)])
     out.append(_table(["tier/class", "arrived", "completed", "shed (reason n)", "expired", "wait p50",
                        "wait p99", "ttft p50", "ttft p99", "tpot p50", "tpot p99"], rows))
+    preempted = [f"{tier}/{cls} {c['preempted']}" for tier, t in s["tiers"].items()
+                 for cls, c in t["classes"].items() if c.get("preempted")]
+    if preempted:
+        out.append("preempted (went back to the line for a higher class): " + ", ".join(preempted))
     out.append("")
     rows = []
     for tier, t in s["tiers"].items():
         b = "; ".join(f"{w} ${v['spent_usd']:.2f}/${v['budget_usd']:.2f}{'' if v['within'] else ' OVER'}"
                       for w, v in t["budget"].items()) or "-"
         rows.append([tier, _f(t["replica_hours"]), str(t["peak_replicas"]), str(t["replicas_at_end"]),
-                     _f(t["spend_usd"]), _f(t["cost_per_million_useful_tokens_usd"]), b])
-    out.append(_table(["tier", "replica-h", "peak", "at end", "spend $", "$/M useful tok", "budget (spent/budget)"],
-                      rows))
+                     str(t.get("flaps", 0)), _f(t["spend_usd"]), _f(t["cost_per_million_useful_tokens_usd"]), b])
+    out.append(_table(["tier", "replica-h", "peak", "at end", "flaps", "spend $", "$/M useful tok",
+                       "budget (spent/budget)"], rows))
     out.append("")
     rows = [[name, str(c["started"]), str(c["completed"]), str(c["timed_out"]), str(c["shed"])]
             for name, c in s["chains"].items()]
@@ -200,7 +264,10 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
     out.append(f"goodput {s['goodput_rps']:.2f} req/s (committed {s['committed_goodput_rps']:.2f}); "
                f"replica-hours {s['replica_hours']:.2f}; spend ${s['spend_usd']:.2f} "
                f"({'within' if s['within_budget'] else 'OVER'} budget); "
-               f"${_f(s['cost_per_million_useful_tokens_usd'])} per million useful tokens")
+               f"${_f(s['cost_per_million_useful_tokens_usd'])} per million useful tokens; "
+               f"flaps {sum(s['flaps'].values())}"
+               + (f"; {s['bound_ratio']:.2f}x the clairvoyant every-call + floors bound"
+                  if s.get("bound_ratio") else ""))
     return "\n".join(out)
 
 
@@ -213,6 +280,9 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
                  bound_floors: dict[str, TierBound] | None = None) -> list[dict[str, Any]]:
     """One row per policy, ranked by goodput (high first), then replica-hours and spend (low first)."""
     rows = []
+    # The ratio to the clairvoyant "every call + floors" bound: replica-hours over the fewest
+    # that serve every call on time while keeping the floors every policy here keeps.
+    ref = sum(x.replica_seconds for x in bound_floors.values()) / 3600 if bound_floors else 0.0
     for s in summaries:
         cc = s["chains_by_class"].get("committed", {})
         rows.append({
@@ -222,6 +292,9 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
             "replica_hours": s["replica_hours"], "spend_usd": s["spend_usd"],
             "cost_per_million_useful_tokens_usd": s["cost_per_million_useful_tokens_usd"],
             "within_budget": s["within_budget"],
+            "flaps": sum(s["flaps"].values()), "flaps_by_tier": s["flaps"],
+            "bound_ratio": round(s["replica_hours"] / ref, 3) if ref > 0 else None,
+            "budget_use": s["budget_use"],
         })
     rows.sort(key=lambda r: (-r["goodput_rps"], r["replica_hours"], r["spend_usd"]))
     for i, r in enumerate(rows, 1):
@@ -237,6 +310,9 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
                          "replica_hours": round(sum(x.replica_seconds for x in b.values()) / 3600, 3),
                          "spend_usd": round(sum(x.spend_usd for x in b.values()), 4),
                          "cost_per_million_useful_tokens_usd": None, "within_budget": None, "rank": None,
+                         "flaps": None, "flaps_by_tier": None, "budget_use": None,
+                         "bound_ratio": (round(sum(x.replica_seconds for x in b.values()) / 3600 / ref, 3)
+                                         if ref > 0 else None),
                          "rank_replica_hours": None, "rank_spend_usd": None})
     return rows
 
@@ -249,6 +325,16 @@ def render_compare(rows: list[dict[str, Any]]) -> str:
               str(r["committed_missed"]), str(r["committed_chains_failed"]),
               _f(r["replica_hours"]) + rk(r, "rank_replica_hours"), _f(r["spend_usd"]) + rk(r, "rank_spend_usd"),
               _f(r["cost_per_million_useful_tokens_usd"]),
-              "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "NO")] for r in rows]
+              "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "NO"),
+              "-" if r["flaps"] is None else str(r["flaps"]), _f(r["bound_ratio"]),
+              _use(r["budget_use"])] for r in rows]
     return _table(["policy", "#", "goodput/s", "committed/s", "committed missed", "committed chains failed",
-                   "replica-h (#)", "spend $ (#)", "$/M useful", "in budget"], table)
+                   "replica-h (#)", "spend $ (#)", "$/M useful", "in budget", "flaps", "x bound",
+                   "budget use (highest)"], table)
+
+
+def _use(use: dict[str, float] | None) -> str:
+    if not use:
+        return "-"
+    k = max(use, key=use.__getitem__)
+    return f"{use[k]:.0%} {k}"

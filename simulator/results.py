@@ -48,3 +48,4 @@ class SimResult:
     wall_s: float = 0.0
     events: int = 0
     seed: int = 0
+    ended_s: float = 0.0  # when the last accepted call ended (>= the scenario's duration)

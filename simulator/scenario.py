@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 import tempfile
 from datetime import datetime, time, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from fleet.config import (
     CLASSES,
@@ -64,6 +65,7 @@ from fleet.config import (
     valid_timezone,
 )
 from fleet.durations import duration_s
+from simulator.tracefile import TraceArrival, check_trace, rate_points, read_trace, replay
 
 REPO = DEFAULT_CONFIG.parent.parent
 
@@ -183,6 +185,12 @@ class Chain(_Process):
         return _known_class(v)
 
 
+def _arrival_kind(v: Any) -> str:
+    """An arrival entry with `trace:` replays a file; any other follows a rate curve."""
+    has = ("trace" in v) if isinstance(v, dict) else isinstance(v, TraceArrival)
+    return "TraceArrival" if has else "Arrival"
+
+
 class ScenarioFile(_Strict):
     name: str = ""
     description: str = ""
@@ -194,7 +202,8 @@ class ScenarioFile(_Strict):
     fleet_config: str | None = None
     fleet: dict[str, Any] = Field(default_factory=dict)
     deadlines_ms: dict[str, float] = Field(default_factory=dict)
-    arrivals: list[Arrival] = Field(default_factory=list)
+    arrivals: list[Annotated[Annotated[Arrival, Tag("Arrival")] | Annotated[TraceArrival, Tag("TraceArrival")],
+                             Discriminator(_arrival_kind)]] = Field(default_factory=list)
     chains: list[Chain] = Field(default_factory=list)
     # Checks a run can be held to: named expectations the report prints as pass/fail.
     expect: dict[str, Any] = Field(default_factory=dict)
@@ -230,8 +239,12 @@ class Scenario:
         self.start = start
         self.start_epoch = start.timestamp()
         self.duration_s = spec.duration_s
+        self.dir = path.parent if path else None
         for i, a in enumerate(spec.arrivals):
             self._known_tier(a.tier, f"arrivals.{i}.tier")
+            bad = check_trace(a, self.dir) if isinstance(a, TraceArrival) else None
+            if bad:
+                raise ScenarioError(f"arrivals.{i}.{bad}")
         for i, c in enumerate(spec.chains):
             for j, st in enumerate(c.stages):
                 self._known_tier(st.tier, f"chains.{i}.stages.{j}.tier")
@@ -272,8 +285,16 @@ class Scenario:
             return given
         return self.spec.deadlines_ms.get(cls, float(self.cfg.default_deadline_ms))
 
-    def rate_points(self, p: _Process) -> list[tuple[float, float]]:
-        """The rate curve as (seconds, req/s) points, bursts folded in as steps."""
+    def trace_calls(self, a: TraceArrival, rng: random.Random) -> list[tuple[float, int, int]]:
+        """A trace arrival's calls: (seconds into the replay, prompt, output), its copies drawn from `rng`."""
+        offset = self.at(a.trace.start_at) if a.trace.start_at else 0.0
+        return replay(a.trace, read_trace(a.trace, self.dir), offset, self.duration_s, rng)
+
+    def rate_points(self, p: _Process | TraceArrival) -> list[tuple[float, float]]:
+        """The rate curve as (seconds, req/s) points, bursts folded in as steps (a trace: per minute)."""
+        if isinstance(p, TraceArrival):
+            calls = self.trace_calls(p, random.Random(f"{self.spec.seed}/rate"))
+            return rate_points([t for t, _, _ in calls], self.duration_s)
         raw = [("00:00", float(p.rate))] if isinstance(p.rate, int | float) else p.rate
         pts = sorted((self.at(c) if isinstance(c, str) else float(c), float(r)) for c, r in raw)
         if isinstance(p.rate, int | float):
@@ -316,10 +337,13 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_TAGS = ("Arrival", "TraceArrival")  # the arrival kind: not part of the field's name
+
+
 def _describe(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        path = ".".join(str(p) for p in err["loc"] if p not in _TAGS) or "(top level)"
         lines.append(f"  {path}: {err['msg']}")
     return "\n".join(lines)
 

@@ -7,6 +7,10 @@
   batch (`fleet.replica_model.ReplicaModel`, the sim engine's own model);
 - a call whose deadline passes while it runs is aborted at the deadline; one
   whose deadline passes in the line expires there and never reaches a replica;
+- with `preemption.enabled`, a call that finds no free slot takes one from a running
+  call of a lower class (`fleet.policy.choose_victim`, once per waiting call), which
+  goes back to the head of its class; the sim knows no replica has a free slot, so
+  `min_wait_ms` does not apply, and `reserved_slots` are not modelled;
 - replicas pay their cold start before serving; a replica chosen to leave
   (`fleet.policy.scale_in_victims`) drains: it takes nothing new and stops when
   its last call has ended, so nothing in flight is lost.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from fleet.policy import ObservedReplica, scale_in_victims
+from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
 from fleet.replica_model import ReplicaModel, prefill_s
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
@@ -37,6 +41,7 @@ class Serving:
     def __init__(self, events: EventQueue, ends: CallEnds) -> None:
         self.events = events
         self.ends = ends
+        self.calls_on: dict[str, set[Req]] = {}  # replica id -> the calls it runs (preemption's candidates)
 
     # --- replicas ---------------------------------------------------------------
 
@@ -129,6 +134,8 @@ class Serving:
                         best = r
                         least = r.running
                 if best is None:
+                    if cls < len(by_class) - 1 and tier.tc.preemption.enabled and self._preempt_for(tier, req):
+                        continue  # a slot is free for it now
                     return  # a lower class never overtakes a higher one
                 q.popleft()
                 by_class[cls] -= 1
@@ -143,7 +150,9 @@ class Serving:
         r.running += 1
         r.model.reserve(req.kv)
         tier.in_flight += 1
+        self.calls_on.setdefault(r.id, set()).add(req)
         prefill = prefill_s(tier.profile, req.call.prompt)
+        req.first_token = t + prefill  # until it joins the batch: tells this attempt's PREFILLED from a preempted one's
         self.events.push(t + prefill, PREFILLED, req)
         # The slowest it can be: a full batch for every step. A deadline beyond that is never hit.
         if req.deadline < t + prefill + req.call.output * tier.slowest_step_s + 1e-6:
@@ -163,8 +172,8 @@ class Serving:
             self.events.push(self.events.t + left, DECODED, (r, r.version))
 
     def on_prefilled(self, req: Req) -> None:
-        if req.state != RUNNING:
-            return  # aborted during its prefill
+        if req.state != RUNNING or req.seq is not None or self.events.t + 1e-9 < req.first_token:
+            return  # aborted during its prefill, or the prefill of an attempt that was preempted
         r = req.replica
         assert r is not None
         for done in self._advance(r):
@@ -230,9 +239,57 @@ class Serving:
         tier.outcomes[req.call.cls].expired_waiting += 1
         self.ends.timed_out(req)
 
+    def _preempt_for(self, tier: TierSim, req: Req) -> bool:
+        """No replica has room for `req`: preempt the call the policy names, on any ready replica,
+        once for this waiting call. True when a slot was freed."""
+        if req.pmarked:
+            return False
+        calls = {str(id(c)): c for r in tier.ready_list for c in self.calls_on.get(r.id, ())}
+        t = self.events.t
+        running = [RunningRequest(k, c.call.cls, int(c.replica.model.tokens_of(c.seq)) if c.seq and c.replica else 0,
+                                  False, c.preempted, c.start) for k, c in calls.items()]
+        pre = tier.tc.preemption
+        victim = choose_victim(running, WaitingRequest(req.call.cls, t - req.t_arr), free_for_waiter=0,
+                               max_preemptions=pre.max_preemptions, min_wait_s=0.0)
+        if victim is None:
+            return False
+        req.pmarked = True
+        self._requeue(tier, calls[victim.rid])
+        return True
+
+    def _requeue(self, tier: TierSim, v: Req) -> None:
+        """The victim leaves its replica (its tokens are not charged: it runs again) and goes back
+        to the head of its class, in arrival order."""
+        r = v.replica
+        assert r is not None
+        if v.seq is not None:
+            for done in self._advance(r):  # the batch up to now, before it changes
+                self._completed(done)
+            if v.state != RUNNING:
+                return  # it finished this very instant: its slot is free anyway
+            r.model.leave(v)
+            self._reschedule(r)
+        tier.outcomes[v.call.cls].preempted += 1
+        r.running -= 1
+        r.model.free(v.kv)
+        tier.in_flight -= 1
+        self.calls_on[r.id].discard(v)
+        v.seq = v.replica = None
+        v.state = QUEUED
+        v.preempted += 1
+        q = tier.line[v.call.cls]
+        at = 0
+        while at < len(q) and q[at].t_arr <= v.t_arr:
+            at += 1
+        q.insert(at, v)
+        tier.by_class[v.call.cls] += 1
+        tier.waiting += 1
+        self.events.push(v.deadline, EXPIRE, v)
+
     def _release(self, tier: TierSim, req: Req) -> None:
         r = req.replica
         assert r is not None
+        self.calls_on.get(r.id, set()).discard(req)
         r.running -= 1
         r.model.free(req.kv)
         tier.in_flight -= 1

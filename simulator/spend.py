@@ -55,7 +55,11 @@ def budget_report(sc: Scenario, tiers: dict[str, TierSim], tick_s: float) -> dic
             s1 = min(w_end - sc.start_epoch, end)
             spent = (tier.spend_usd if s1 >= end else tier.spend_at(s1, tick_s)) - tier.spend_at(s0, tick_s)
             key = name if name not in rows else f"{name}@{sc.clock(s0)}"
+            # The governor acts once a tick: a window is within its budget when it passed it by
+            # no more than one tick of the tier's peak burn (the same slack for every policy).
+            tick_usd = tier.peak_replicas * tier.tc.hourly_usd / 3600 * tick_s
             rows[key] = {"budget_usd": usd, "spent_usd": spent, "start": sc.clock(max(s0, 0.0)),
-                         "from_before_replay": s0 < 0, "ended": s1 < end, "within": spent <= usd + 1e-9}
+                         "from_before_replay": s0 < 0, "ended": s1 < end, "over_usd": max(0.0, spent - usd),
+                         "tick_burn_usd": tick_usd, "within": spent <= usd + tick_usd + 1e-9}
         out[tier.name] = rows
     return out

@@ -51,8 +51,8 @@ class SimReplica:
 
 
 class Req:
-    __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "replica", "seq", "stage", "start",
-                 "state", "t_arr", "tier")
+    __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "pmarked", "preempted", "replica", "seq",
+                 "stage", "start", "state", "t_arr", "tier")
 
     def __init__(self, call: Call, tier: TierSim, t_arr: float, deadline: float,
                  chain: ChainRun | None = None, stage: int = 0, idx: int = 0) -> None:
@@ -69,6 +69,8 @@ class Req:
         self.kv = tier.model_kv_need(call)  # KV-cache room it reserves for its longest life
         self.replica: SimReplica | None = None
         self.seq: Sequence | None = None  # in the decode batch, once its prefill is done
+        self.preempted = 0  # times it gave its slot to a higher class (fleet.policy.choose_victim)
+        self.pmarked = False  # a call was preempted for it already: never twice for one waiting call
 
 
 @dataclass(slots=True)
@@ -77,6 +79,7 @@ class Outcome:
     completed: int = 0
     expired_waiting: int = 0
     expired_running: int = 0
+    preempted: int = 0  # times a call of this class gave its slot to a higher class and went back in line
     shed: dict[str, int] = field(default_factory=dict)
     waits: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from fleet.redis_server import PrivateRedis
+from tests.cluster_harness import PrivateCluster
 from tests.harness import Fleet
 
 
@@ -20,9 +21,28 @@ def redis_url() -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A private Redis Cluster (3 masters + 3 replicas) for the session, started on first use."""
+    cluster = PrivateCluster().start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
-def fleet(redis_url: str) -> Iterator[Fleet]:
-    f = Fleet(redis_url)
+def store_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """The Redis a test runs on: the single server, or the cluster where a test is
+    parametrized with `@pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)`."""
+    if getattr(request, "param", "redis") == "cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
+    return redis_url
+
+
+@pytest.fixture
+def fleet(store_url: str) -> Iterator[Fleet]:
+    f = Fleet(store_url)
     try:
         yield f
     finally:

@@ -18,6 +18,7 @@ import redis
 
 from fleet.config import FleetConfig, load_config
 from fleet.redis_server import free_port
+from fleet.store.connection import connect_sync
 from fleet.store.keys import TierKeys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +46,7 @@ class Fleet:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     port: int = 0
+    _r: redis.Redis | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -67,7 +69,10 @@ class Fleet:
 
     @property
     def r(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
+        """A blocking client of the fleet's Redis (single server or cluster), made once."""
+        if self._r is None:
+            self._r = connect_sync(self.redis_url)
+        return self._r
 
     def keys(self, tier: str) -> TierKeys:
         return TierKeys(self.namespace, tier)
@@ -77,9 +82,9 @@ class Fleet:
         self.procs.append(p)
         return p
 
-    def start_gateway(self) -> Fleet:
+    def start_gateway(self, *extra: str) -> Fleet:
         self.port = free_port()
-        self.spawn("gateway", "--port", str(self.port))
+        self.spawn("gateway", "--port", str(self.port), *extra)
         wait_until(self._gateway_ready, 20, what="gateway /readyz")
         return self
 

@@ -116,7 +116,7 @@ async def test_200_concurrent_calls_on_a_key_with_budget_for_50(budget_fleet: Fl
     assert err["code"] == "key_budget_exhausted" and err["type"] == "at_capacity"
     assert int(refused[0].headers["retry-after"]) >= 1 and err["tier"] == "routing"
     kb = KeyBudget(Redis.from_url(f.redis_url), f.namespace)
-    st = await kb.state("desk")
+    st = await kb.state(f.cfg.keys[0].sha256)  # kept by the key's digest, not its name (issue 12)
     budget = f.cfg.keys[0].budget_usd
     assert budget is not None
     # Spent is the real cost of those served (less than their worst case), never more than the budget.
@@ -146,13 +146,13 @@ async def test_a_call_dropped_after_an_engine_took_it_is_charged_its_reservation
     worst = worst_case_usd(estimate_prompt_tokens({"messages": MESSAGES}), long_tokens, USD_PER_MILLION)
 
     async def settled() -> bool:
-        st = await kb.state("desk")
+        st = await kb.state(f.cfg.keys[0].sha256)
         return st["open"] == 0 and st["spent"] > 0
 
     for _ in range(100):
         if await settled():
             break
         await asyncio.sleep(0.1)
-    st = await kb.state("desk")
+    st = await kb.state(f.cfg.keys[0].sha256)
     assert st["spent"] == pytest.approx(worst, abs=1e-9) and st["reserved"] == 0 and st["open"] == 0
     await kb.redis.aclose()

@@ -76,3 +76,31 @@ def test_cli_reports_bad_config_without_traceback(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "tiers.routing.slots" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_higher_class_with_a_tighter_wait_limit_is_warned_about(tmp_path: Path) -> None:
+    import warnings
+
+    from fleet.config import ConfigWarning, wait_limit_inversions
+
+    # The shipped defaults shed from the bottom: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load_config(ROOT / "configs" / "fleet.yaml")
+    assert wait_limit_inversions({"committed": 30, "interactive": 4, "speculative": 4, "background": 4}) == []
+    inverted = "    wait_limit_s: {committed: 2, interactive: 8, background: 30}"
+    text = GOOD.replace("    drain_threshold_s: 2.0", "    drain_threshold_s: 2.0\n" + inverted, 1)
+    with pytest.warns(ConfigWarning, match=r"tiers\.\w+\.wait_limit_s: committed \(2 s\) is tighter than interactive"):
+        load_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ("[{name: a, sha256: " + "a" * 64 + ", tiers: [nosuchtier]}]", "keys.0.tiers"),
+    ("[{name: a, sha256: " + "a" * 64 + ", max_priority: urgent}]", "keys.0.max_priority"),
+    ("[{name: a, sha256: " + "a" * 64 + "}, {name: a, sha256: " + "b" * 64 + "}]", "keys.1.name"),
+])
+def test_a_bad_key_is_named(tmp_path: Path, keys: str, named: str) -> None:
+    """The same checks `fleet keys add` runs (issue 12): a tier that exists, a class, a unique name."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, GOOD + f"keys: {keys}\n"))
+    assert named in str(e.value), str(e.value)

@@ -13,6 +13,8 @@ import pytest
 from tests.harness import Fleet, wait_until
 
 TIERS = ("routing", "analysis", "planner")
+# The same path on one Redis and on a Redis Cluster (3 masters + 3 replicas, tests/cluster_harness.py).
+ON_CLUSTER_TOO = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
 
 
 @pytest.fixture
@@ -30,6 +32,7 @@ def client(f: Fleet, **kw) -> openai.OpenAI:  # type: ignore[no-untyped-def]
     return openai.OpenAI(base_url=f"{f.base_url}/v1", api_key="unused", max_retries=0, **kw)
 
 
+@ON_CLUSTER_TOO
 @pytest.mark.parametrize("tier", TIERS)
 def test_openai_client_each_tier_streaming_and_not(up: Fleet, tier: str) -> None:
     c = client(up)
@@ -85,6 +88,7 @@ def test_bad_input_gets_typed_errors_never_500(up: Fleet) -> None:
     assert e.value.code == "model_not_found"
 
 
+@ON_CLUSTER_TOO
 def test_committed_served_before_fifty_background_through_the_gateway(fleet: Fleet) -> None:
     fleet.start_gateway()
 
@@ -110,6 +114,7 @@ def test_committed_served_before_fifty_background_through_the_gateway(fleet: Fle
     assert "committed" in order[:4], order  # within the first batch the worker claimed
 
 
+@ON_CLUSTER_TOO
 def test_worker_killed_mid_request_is_requeued_and_completed_once(fleet: Fleet) -> None:
     fleet.start_gateway()
     slow = fleet.start_worker("planner", time_scale="20")  # 20x slower: the request is still running when killed
@@ -131,6 +136,7 @@ def test_worker_killed_mid_request_is_requeued_and_completed_once(fleet: Fleet) 
     assert c.get("failed", 0) == 0
 
 
+@ON_CLUSTER_TOO
 def test_worker_killed_mid_stream_gives_worker_lost(fleet: Fleet) -> None:
     fleet.start_gateway()
     slow = fleet.start_worker("planner", time_scale="20")
@@ -168,6 +174,7 @@ def test_client_that_leaves_the_line_never_reaches_an_engine(fleet: Fleet) -> No
                what="the replica's heartbeat counting the probe")
 
 
+@ON_CLUSTER_TOO
 def test_client_that_leaves_mid_stream_aborts_the_engine(fleet: Fleet) -> None:
     fleet.start_gateway()
     rid = fleet.start_worker("analysis", time_scale="10")
@@ -189,6 +196,7 @@ def test_client_that_leaves_mid_stream_aborts_the_engine(fleet: Fleet) -> None:
                in httpx.get(f"{fleet.base_url}/metrics").text, 5, what="the gateway's cancelled count")
 
 
+@ON_CLUSTER_TOO
 def test_deadline_passed_in_line_is_504_and_never_reaches_engine(fleet: Fleet) -> None:
     fleet.start_gateway()  # no worker: the line cannot move
     t0 = time.monotonic()

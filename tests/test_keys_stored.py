@@ -63,3 +63,54 @@ def test_a_bad_stored_key_is_skipped_not_fatal(fleet: Fleet) -> None:
     fleet.start_worker("routing")
     # The broken entry is ignored; with no valid key the gateway still serves (open).
     assert _call(fleet).status_code == 200
+
+
+def test_keys_add_validates_as_the_config_loader_does(fleet: Fleet) -> None:
+    """Before issue 12 these were stored (exit 0), and every call with the key then got a plain 500."""
+    for args, field in ((["--max-priority", "urgent"], "--max-priority"), (["--tiers", "nosuchtier"], "--tiers"),
+                        (["--default-priority", "soon"], "--default-priority"), (["--rpm", "0"], "--rpm"),
+                        (["--max-priority", "background"], "--default-priority")):
+        got = _fleet(fleet, "add", "bad", *args)
+        assert got.returncode == 2, (args, got.stdout, got.stderr)
+        assert field in got.stderr and "Traceback" not in got.stderr, got.stderr
+    assert fleet.r.hlen(f"{fleet.namespace}:apikeys") == 0  # nothing was stored
+
+
+def test_a_stored_record_that_does_not_parse_is_refused_typed(fleet: Fleet) -> None:
+    import hashlib
+
+    secret = "fk-stored-by-an-older-fleet"
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    # What `keys add --max-priority urgent` stored before issue 12.
+    fleet.r.hset(f"{fleet.namespace}:apikeys", digest, b'{"name": "old", "sha256": "' + digest.encode()
+                 + b'", "max_priority": "urgent"}')
+    assert _fleet(fleet, "add", "ops", "--admin").returncode == 0  # a valid key: the gateway is closed
+    fleet.start_gateway()
+    fleet.start_worker("routing")
+    r = _call(fleet, secret)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["code"] == "invalid_key_record"
+    assert _call(fleet, "fk-never-issued").status_code == 401
+
+
+def test_keys_add_refuses_a_name_the_config_has(redis_url: str) -> None:
+    f = Fleet(redis_url, config_path=ROOT / "tests" / "fleet-admission.yaml")  # has a key named "agent"
+    got = _fleet(f, "add", "agent")
+    assert got.returncode == 2 and "config has a key named 'agent'" in got.stderr, got.stderr
+    assert f.r.hlen(f"{f.namespace}:apikeys") == 0
+
+
+def test_a_name_added_again_starts_with_fresh_limits(fleet: Fleet) -> None:
+    """Limits are kept by the key's digest: a revoked name added again is a new key (issue 12)."""
+    fleet.start_gateway()
+    fleet.start_worker("routing")
+    first = _fleet(fleet, "add", "desk", "--rpm", "1").stdout.strip()
+    wait_until(lambda: _call(fleet).status_code == 401, 10, what="the gateway closed: the key is known")
+    assert _call(fleet, first).status_code == 200
+    r = _call(fleet, first)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+    assert _fleet(fleet, "revoke", "desk").returncode == 0
+    second = _fleet(fleet, "add", "desk", "--rpm", "1").stdout.strip()
+    wait_until(lambda: _call(fleet, first).status_code == 401, 10, what="the old secret refused")
+    r = wait_until(lambda: (got := _call(fleet, second)).status_code != 401 and got, 10, what="the new key known")
+    assert r.status_code == 200, r.text  # its own minute, not the old key's

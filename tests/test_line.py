@@ -7,15 +7,18 @@ import uuid
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from fleet.config import Priority
+from fleet.store.connection import connect, pubsub_source
 from fleet.store.line import Line
+
+# The line protocol runs the same on one Redis and on a Redis Cluster (3 masters + 3 replicas).
+pytestmark = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
 
 
 @pytest.fixture
-async def line(redis_url: str):
-    r = Redis.from_url(redis_url)
+async def line(store_url: str):
+    r = connect(store_url)
     yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
     await r.aclose()
 
@@ -116,7 +119,7 @@ async def test_every_accepted_request_has_exactly_one_outcome(line: Line) -> Non
 async def test_cancel_of_running_request_reaches_its_worker(line: Line) -> None:
     [rid] = await _put(line, Priority.interactive)
     await line.claim("w", 1, 5)
-    pubsub = line.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub = pubsub_source(line.redis).pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(line.keys.cancel_channel)
     await line.finish(rid, "cancelled")
     msg = None

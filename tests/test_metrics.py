@@ -16,7 +16,7 @@ from tests.harness import Fleet, wait_until
 TIERS = ("routing", "analysis", "planner")
 # Every label the fleet's metrics may carry; each has a config- or code-bounded set of values.
 BOUNDED_LABELS = {"tier", "priority", "state", "outcome", "reason", "kind", "window", "action", "event", "replica",
-                  "le"}
+                  "le", "version", "class"}  # versions: those the model registry knows
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -103,6 +103,7 @@ def test_gateway_metrics_after_traffic(served: tuple[Fleet, int]) -> None:
                      "fleet_spend_usd_total"):
             value(m, name, tier=tier)
     assert value(m, "fleet_replicas", tier="routing", state="ready") == 1
+    assert value(m, "fleet_replicas", tier="routing", version="v1", state="ready") == 1  # the registry's live one
     assert value(m, "fleet_replicas", tier="planner", state="ready") == 0
     assert value(m, "fleet_line_length", tier="routing", priority="committed") == 0
     assert value(m, "fleet_seconds_to_drain", tier="planner") == float("inf")  # a line nothing serves
@@ -118,6 +119,7 @@ def test_gateway_metrics_after_traffic(served: tuple[Fleet, int]) -> None:
             assert set(labels) <= BOUNDED_LABELS, (name, labels)
             assert labels.get("tier", "routing") in TIERS, (name, labels)
             assert labels.get("priority", "committed") in CLASSES, (name, labels)
+            assert labels.get("class", "committed") in CLASSES, (name, labels)  # fleet_preemptions_total
 
 
 def test_worker_metrics_port(served: tuple[Fleet, int]) -> None:

@@ -14,6 +14,7 @@ from fleet.policy import (
     replica_concurrency,
     service_forecast,
     startup_estimate,
+    wait_with_ceiling_s,
 )
 
 READY = ServiceForecast(rate=10.0, delay_s=0.0, basis="model")
@@ -54,8 +55,31 @@ def test_deadline_tighter_than_the_limit_gives_deadline_unmeetable() -> None:
     d = admit(Priority.committed, ahead=5, forecast=READY, service_s=0.2, wait_limit_s=30.0, deadline_s=0.5)
     assert not d.admitted and d.reason == "deadline_unmeetable" and d.bound_s == 0.5
     # The limit tighter than the deadline: the line is what is wrong, not the deadline.
-    d = admit(Priority.committed, ahead=50, forecast=READY, service_s=0.2, wait_limit_s=2.0, deadline_s=60.0)
+    d = admit(Priority.interactive, ahead=50, forecast=READY, service_s=0.2, wait_limit_s=2.0, deadline_s=60.0)
     assert d.reason == "drain_exceeded"
+    # Committed work is served: its class limit sheds nothing, only its own deadline can refuse it.
+    d = admit(Priority.committed, ahead=50, forecast=READY, service_s=0.2, wait_limit_s=2.0, deadline_s=60.0)
+    assert d.admitted
+
+
+def test_committed_is_refused_only_when_even_the_ceiling_started_now_misses_its_deadline() -> None:
+    # 200 ahead at 10/s is 20 s of line: a 15 s deadline is unmeetable at today's replicas...
+    now = admit(Priority.committed, ahead=200, forecast=READY, service_s=0.5, wait_limit_s=2.0, deadline_s=15.0)
+    assert not now.admitted and now.reason == "deadline_unmeetable"
+    # ...but with the ceiling's 8 replicas started now (5 s start-up, 5/s each) the line clears in
+    # 5 s + (200 - 50) / (10 + 6 * 5) = 8.75 s: the scaler is adding them, so it is admitted.
+    w = wait_with_ceiling_s(200, READY, counted=2, ceiling=8, per_replica_rate=5.0, startup_s=5.0)
+    assert w == pytest.approx(5.0 + 150 / 40)
+    d = admit(Priority.committed, ahead=200, forecast=READY, service_s=0.5, wait_limit_s=2.0, deadline_s=15.0,
+              committed_wait_s=w)
+    assert d.admitted
+    # At the ceiling already, nothing more is coming: the deadline is judged on the line as it is.
+    assert wait_with_ceiling_s(200, READY, counted=2, ceiling=2, per_replica_rate=5.0, startup_s=5.0) == 20.0
+    # And a deadline shorter than the start-up is still unmeetable, with an honest Retry-After.
+    w = wait_with_ceiling_s(200, READY, counted=2, ceiling=8, per_replica_rate=5.0, startup_s=5.0)
+    d = admit(Priority.committed, ahead=200, forecast=READY, service_s=0.5, wait_limit_s=2.0, deadline_s=4.0,
+              committed_wait_s=w)
+    assert d.reason == "deadline_unmeetable" and d.retry_after_s >= math.ceil(w + 0.5 - 4.0)
 
 
 def test_service_time_alone_over_the_deadline_says_so() -> None:

@@ -16,11 +16,14 @@ from fleet.policy.tier_budget import (
     budget_ceiling,
     budget_day,
     budget_lead_s,
+    burst_ceiling,
     cost_per_useful_million,
     daily_window,
     judge,
+    least_spend,
     named_windows,
     projected_spend,
+    replica_usd_per_s,
 )
 
 NY = ZoneInfo("America/New_York")
@@ -138,27 +141,48 @@ def _planner(**budget: object) -> TierConfig:
 OPEN = [BudgetWindow(name="open", cron="25 8 * * 1-5", duration_s=5700, usd=60)]
 
 
-def test_judge_caps_the_ceiling_by_the_open_window() -> None:
-    tc = _planner(daily_usd=1500, windows=OPEN)
+def test_judge_lets_a_burst_spend_the_open_window() -> None:
+    """The projection counts that a burst's extra replicas leave after it: the floor for the
+    rest of the window, each extra for its least hold (the k-th after k holds). The ceiling is
+    the most replicas whose least spend fits; burning today's fleet to the window's end
+    would have allowed 3 and left most of the $60 idle."""
+    tc = _planner(daily_usd=1500, windows=OPEN).model_copy(update={"max_replicas": 40})
+    p = replica_usd_per_s(tc)
     now = at(2026, 11, 3, 8, 25)
     v = judge(tc, BudgetObservation(now=now, replicas=3, spent_usd={"daily": 10.0, "open": 0.0}))
-    assert not v.exhausted
-    assert v.ceiling == 3 and v.capped and v.window == "open"
-    assert "open" in v.reason and "allows 3" in v.reason
+    assert not v.exhausted and v.window == "open" and v.capped and v.retry_at is None
     assert {w.name for w in v.windows} == {"daily", "open"}
-    assert v.projected_usd == pytest.approx(3 * 9.80 * 5700 / 3600)
-    assert v.retry_at is None
+    n = v.ceiling
+    assert n is not None and n > 3 * 5
+    assert least_spend(0.0, n, 1, 5700, 30, p) <= 60 < least_spend(0.0, n + 1, 1, 5700, 30, p)
+    assert v.projected_usd == pytest.approx(p * (5700 + 30 + 60))  # the floor all along, two extras a hold or two
+    assert budget_ceiling(60, 0.0, now, now + 5700, p) == 3  # the old rule, for comparison
+
+
+def test_least_spend_and_the_burst_ceiling() -> None:
+    p = 10.0 / 3600
+    # Floor 2 all along (1000 s), then extras for 1, 2 and 3 holds of 100 s.
+    assert least_spend(5.0, 5, 2, 1000, 100, p) == pytest.approx(5.0 + p * (2 * 1000 + 100 + 200 + 300))
+    # A hold longer than what is left of the window: each extra runs to its end.
+    assert least_spend(0.0, 4, 1, 50, 100, p) == pytest.approx(p * (50 + 3 * 50))
+    for budget in (6.0, 7.5, 9.0, 20.0):
+        n = burst_ceiling(budget, 0.0, 2, 1000, 100, p)
+        assert n is not None and n >= 2
+        assert least_spend(0.0, n, 2, 1000, 100, p) <= budget + 1e-9 < least_spend(0.0, n + 1, 2, 1000, 100, p)
+    # Even the floor does not fit: the burn-to-the-end rule, below the floor.
+    assert burst_ceiling(5.0, 0.0, 2, 1000, 100, p) == 1
+    assert burst_ceiling(1.0, 0.0, 2, 0, 100, p) is None  # the window is over
 
 
 def test_judge_exhausted_when_the_running_fleet_cannot_be_afforded() -> None:
     tc = _planner(daily_usd=1500, windows=OPEN)
     now = at(2026, 11, 3, 8, 34)  # 86 minutes of the open left
-    v = judge(tc, BudgetObservation(now=now, replicas=5, spent_usd={"daily": 100.0, "open": 12.0}))
+    v = judge(tc, BudgetObservation(now=now, replicas=5, spent_usd={"daily": 100.0, "open": 50.0}))
     assert v.exhausted and v.window == "open"
     assert v.retry_at == at(2026, 11, 3, 10, 0)  # Retry-After runs to the open's end
     assert v.projected_usd >= v.budget_usd == 60  # type: ignore[operator]
-    # ($60 - $12) / ($9.80/h * 86 min = $14.05 a replica) = 3.4: the scaler steps down to 3.
-    assert v.ceiling == 3 and v.capped
+    # ($60 - $50) / ($9.80/h * 86 min = $14.05 a replica) = 0.7: not even the floor fits.
+    assert v.ceiling == 0 and v.capped
     assert "reaches the open budget" in v.reason
 
 
@@ -184,31 +208,38 @@ def test_judge_without_budget_or_with_per_token_burn() -> None:
 
 
 def test_a_window_about_to_open_bounds_the_ceiling_ahead_of_it() -> None:
-    """The planner at 08:24:30 ran 6 under the daily ceiling of 9; at 08:25 the open
-    ($60 for 95 min: 3 replicas) opened and the tier was suddenly 3 over. Now the open
-    bounds the ceiling from a lead before it opens, without shedding anything yet."""
+    """The planner at 08:24:30 ran 6 under the daily ceiling; at 08:25 a tight open window
+    opened and the tier was suddenly over. The open bounds the ceiling from a lead before
+    it opens (by the same least-spend projection), without shedding anything yet."""
+    tight_open = [BudgetWindow(name="open", cron="25 8 * * 1-5", duration_s=5700, usd=18)]
     tc = TierConfig(hourly_usd=9.80, max_replicas=6, scale_in_hold_s=120,
-                    budget=Budget(daily_usd=1500, timezone="America/New_York", windows=OPEN))
+                    budget=Budget(daily_usd=1500, timezone="America/New_York", windows=tight_open))
+    p = replica_usd_per_s(tc)
+    want = burst_ceiling(18, 0.0, 1, 5700, 120, p)
+    assert want is not None and want < 6
     lead = budget_lead_s(tc, 20.0)
     assert lead == 140.0
     obs = BudgetObservation(now=at(2026, 11, 3, 8, 24, 30), replicas=6, spent_usd={"daily": 100.0})
-    blind = judge(tc, obs)  # no lead: as before, only the daily binds
+    blind = judge(tc, obs)  # no lead: only the daily binds
     assert blind.ceiling is not None and blind.ceiling >= 6 and not blind.capped
     v = judge(tc, obs, lead_s=lead)
-    assert v.ceiling == 3 and v.capped and v.window == "open"
+    assert v.ceiling == want and v.capped and v.window == "open"
     assert not v.exhausted  # nothing is shed by a window that has not opened
-    assert "opens in 30 s" in v.reason and "allows 3" in v.reason
+    assert "opens in 30 s" in v.reason and f"allows {want}" in v.reason
     assert [w.name for w in v.upcoming] == ["open"] and [w.name for w in v.windows] == ["daily"]
     # Outside the lead the open does not bind; once open it binds as an active window.
     early = judge(tc, BudgetObservation(now=at(2026, 11, 3, 8, 20), replicas=6, spent_usd={"daily": 100.0}),
                   lead_s=lead)
-    assert early.ceiling != 3 and not early.upcoming
-    opened = judge(tc, BudgetObservation(now=at(2026, 11, 3, 8, 25, 1), replicas=3,
+    assert early.ceiling != want and not early.upcoming
+    opened = judge(tc, BudgetObservation(now=at(2026, 11, 3, 8, 25, 1), replicas=want,
                                          spent_usd={"daily": 100.0, "open": 0.0}), lead_s=lead)
-    assert opened.ceiling == 3 and {w.name for w in opened.windows} == {"daily", "open"}
+    assert opened.ceiling == want and {w.name for w in opened.windows} == {"daily", "open"}
     # The next budget day bounds the ceiling too, as the reset approaches.
     tight = TierConfig(hourly_usd=10.0, max_replicas=8, scale_in_hold_s=120,
-                       budget=Budget(daily_usd=480, reset_at="06:00", timezone="America/New_York"))
+                       budget=Budget(daily_usd=245, reset_at="06:00", timezone="America/New_York"))
     late = judge(tight, BudgetObservation(now=at(2026, 11, 3, 5, 59), replicas=1, spent_usd={"daily": 0.0}),
                  lead_s=lead)
-    assert late.ceiling == 2 and [w.name for w in late.upcoming] == ["daily"]  # $480 a day at $240 a replica-day
+    day = burst_ceiling(245, 0.0, 1, 86400, 120, replica_usd_per_s(tight))
+    assert day is not None and day < 8
+    assert late.ceiling == day and [w.name for w in late.upcoming] == ["daily"]
+

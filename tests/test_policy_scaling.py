@@ -25,6 +25,7 @@ from fleet.policy import (
     decide,
     decide_tier,
     littles_law,
+    rate_with_margin,
     replicas_for,
     start_timeout_s,
     startup_seconds,
@@ -291,7 +292,8 @@ def test_invariants(case: tuple[TierState, TierConfig, float]) -> None:
         assert s.starting == 0  # never while starting
         assert s.waiting == 0 or have > ceiling  # only with an empty line, unless above the ceiling
         assert have - 1 >= floor  # never below the floor
-        assert s.calm_since is not None and now - s.calm_since >= cfg.scale_in_hold_s
+        # Calm for the whole hold (a calm that starts now is enough only for a hold of 0).
+        assert now - (now if s.calm_since is None else s.calm_since) >= cfg.scale_in_hold_s
         assert d.code == "idle" or have > ceiling  # for lack of demand, or above a lowered ceiling
     else:
         assert d.delta == 0
@@ -385,3 +387,27 @@ def test_a_busy_line_does_not_hold_the_tier_above_a_lowered_ceiling() -> None:
     s = TierState(waiting=300, oldest_wait_s=8.0, arrival_rate=60.0, service_rate=60.0, ready=5, starting=1,
                   per_replica_rate=10.0, startup_s=20.0, budget_ceiling=3, calm_since=NOW - 999)
     assert decide_tier(s, cfg, NOW).reason == "hold: 1 starting"
+
+
+def test_poisson_noise_neither_orders_nor_gives_back_a_replica() -> None:
+    """The issue's flap: 20-24/s on two replicas of 11.8/s each. A rate counted over 10 s
+    wanders by sqrt(rate / 10) = 1.5/s: 23.7/s is no proof that a third is needed, and 22/s
+    no proof that the third can go."""
+    cfg = TierConfig(warm_floor=2, max_replicas=12, drain_threshold_s=2.0, scale_in_hold_s=60)
+    base = dict(waiting=0, oldest_wait_s=0.0, service_rate=22.0, starting=0, per_replica_rate=11.8,
+                startup_s=2.0, rate_window_s=10.0)
+    d = decide_tier(TierState(arrival_rate=23.7, ready=2, **base), cfg, NOW)  # type: ignore[arg-type]
+    assert d.action == "hold"
+    d = decide_tier(TierState(arrival_rate=30.0, ready=2, **base), cfg, NOW)  # type: ignore[arg-type]
+    assert (d.action, d.delta, d.code) == ("scale_out", 1, "arrival")  # clear of the noise: order it
+    # Three ready at 22/s: 22 + 2 x 1.48 = 25 needs three: no calm, however long it lasts.
+    d = decide_tier(TierState(arrival_rate=22.0, ready=3, calm_since=NOW - 999, **base), cfg, NOW)  # type: ignore[arg-type]
+    assert d.action == "hold" and d.calm_since is None and "3 with noise margin" in d.reason
+    # At 18/s (20.7 with the margin) two suffice: the hold runs and the third goes after it.
+    calm = None
+    for t in range(0, 61):
+        d = decide_tier(TierState(arrival_rate=18.0, ready=3, calm_since=calm, **base), cfg, NOW + t)  # type: ignore[arg-type]
+        calm = d.calm_since
+    assert (d.action, d.delta) == ("scale_in", -1)
+    assert rate_with_margin(22.0, 10.0) == pytest.approx(22.0 + 2 * (2.2 ** 0.5))
+    assert rate_with_margin(22.0, 0.0) == 22.0 and rate_with_margin(1.0, 10.0, -5) == 0.0

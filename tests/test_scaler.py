@@ -39,8 +39,8 @@ HOLD_S = 3.0  # scale_in_hold_s in fleet-scaler.yaml
 
 
 @pytest.fixture
-def sfleet(redis_url: str) -> Iterator[Fleet]:
-    f = Fleet(redis_url, config_path=SCALER_CONFIG)
+def sfleet(store_url: str) -> Iterator[Fleet]:
+    f = Fleet(store_url, config_path=SCALER_CONFIG)
     try:
         yield f
     finally:
@@ -189,6 +189,7 @@ def test_scheduled_prewarm_raises_the_floor_ahead_of_the_window_and_steps_down_a
     assert len(ins) == 2 and ins[0] >= start + 4 and ins[1] - ins[0] >= HOLD_S - 0.3, ins
 
 
+@pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)  # the leader lease on a cluster too
 def test_dead_replica_is_replaced_and_a_standby_takes_over(sfleet: Fleet) -> None:
     f = sfleet
     a = start_scaler(f)

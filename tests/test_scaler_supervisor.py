@@ -225,3 +225,25 @@ def _order_one() -> ScaleDecision:
 
     return ScaleDecision(action="scale_out", delta=1, reason="scale_out: test", code="floor", floor=1, ceiling=4,
                          ceiling_by="max_replicas", desired=1, drain_s=0.0, calm_since=None)
+
+
+async def test_a_redis_outage_does_not_make_every_replica_wedged(redis: Redis) -> None:
+    """The scaler's ticks fail while Redis is away (nothing polls), and after it the heartbeats are
+    stale for a beat or two: that silence is the store's, not the replicas'. Before issue 12 the
+    first tick after an outage longer than the wedged limit killed every ready replica."""
+    cfg = config(f"t{uuid.uuid4().hex[:8]}")  # heartbeat 0.25 s: wedged after 3.5 s silent
+    sup = supervisor(redis, cfg, StandIn())
+    rec = await sup.start("planner")
+    assert rec is not None
+    assert [e.event for e in await sup.poll({rec.id}, tier="planner", beating_ids={rec.id})] == ["ready"]
+    outage_s = 4.0
+    await asyncio.sleep(outage_s)  # the outage itself: the scaler's ticks fail, nothing is polled
+    assert await sup.poll(set(), tier="planner", beating_ids=set()) == []  # stale beats right after it
+    assert rec.state == "ready"
+    # A replica that stays silent once the scaler sees again is still found wedged, a full window later.
+    back = time.monotonic()
+    while not (events := await sup.poll(set(), tier="planner", beating_ids=set())):
+        assert time.monotonic() - back < 10, "a silent replica was never found wedged"
+        await asyncio.sleep(0.2)
+    assert [e.event for e in events] == ["died"] and time.monotonic() - back > 3.0
+    await until_gone(sup, rec.id)

@@ -55,7 +55,7 @@ async def texts(line: Line, rid: str) -> list[str]:
 
 
 async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> None:
-    w = StreamWriter(line, window_s=0.05)
+    w = StreamWriter(line, window_s=0.05, busy_streams=2)  # 4 streams: a busy replica, the window applies
     reqs = await running(line, 4)
     for c in reqs:
         w.open(c.lease, c.rid, c.owner, c.attempt)
@@ -78,8 +78,21 @@ async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> N
     await w.stop()
 
 
+async def test_few_streams_wait_for_no_window(line: CountingLine) -> None:
+    """A replica streaming to few callers writes each token as it comes: a chunk per token."""
+    w = StreamWriter(line, window_s=5.0)  # a window no test could sit out
+    [c] = await running(line)
+    w.open(c.lease, c.rid, c.owner, c.attempt)
+    for i in range(5):
+        w.push(c.lease, f"t{i} ")
+        await until(lambda: texts(line, c.rid), [f"t{j} " for j in range(i + 1)], limit_s=2.0)
+    await asyncio.wait_for(w.close(c.lease), 2.0)
+    assert line.writes == 5
+    await w.stop()
+
+
 async def test_first_token_is_not_held_for_the_window(line: Line) -> None:
-    w = StreamWriter(line, window_s=5.0)
+    w = StreamWriter(line, window_s=5.0, busy_streams=0)  # the window always applies
     a, b = await running(line, 2)
     w.open(a.lease, a.rid, a.owner, a.attempt)
     w.push(a.lease, "x")  # starts a long window after its write

@@ -254,6 +254,51 @@ async def test_vllm_typed_errors(engine) -> None:
     assert e.value.type == "invalid_request_error"
 
 
+@needs_vllm
+async def test_vllm_preempted_for_committed_work_from_a_full_batch(engine, completion_prompt_tokens: int) -> None:
+    """A full batch of background work (priority 3) and one more background call waiting in vLLM.
+    The worker's preemption aborts one running call: the freed place goes to the committed call
+    (priority 0), though it arrived after the waiting background one, and the aborted call, run
+    again, completes after it with exact token counts."""
+    n, long = engine.settings.max_num_seqs, MAX_MODEL_LEN - 64
+    first: dict[str, float] = {}
+    ended: dict[str, float] = {}
+
+    async def run(rid: str, priority: int, max_tokens: int) -> list[Delta]:
+        out = []
+        req = EngineRequest(rid, "completion", PROMPT, max_tokens=max_tokens, ignore_eos=True, priority=priority)
+        async for d in engine.generate(req):
+            first.setdefault(rid, time.monotonic())
+            out.append(d)
+        ended[rid] = time.monotonic()
+        return out
+
+    async def unfinished(k: int) -> None:
+        async with asyncio.timeout(60):
+            while engine._engine.get_num_unfinished_requests() < k:  # noqa: ASYNC110 (vLLM has no event)
+                await asyncio.sleep(0.002)
+
+    bg = {f"bg-{i}": asyncio.create_task(run(f"bg-{i}", 3, long)) for i in range(n)}
+    async with asyncio.timeout(60):
+        while len(first) < n:  # noqa: ASYNC110 (the batch is full once each has a token)
+            await asyncio.sleep(0.002)
+    waiting = asyncio.create_task(run("bg-wait", 3, 16))
+    await unfinished(n + 1)
+    committed = asyncio.create_task(run("com", 0, 8))
+    await unfinished(n + 2)
+    await engine.abort("bg-0")  # the worker's preemption: the victim leaves the batch
+    assert (await bg.pop("bg-0"))[-1].finish_reason is None  # cut short, nothing final
+    check_stream(await committed, 8, completion_prompt_tokens)
+    rerun = await run("bg-0-2", 3, long)  # the victim, claimed again from the line
+    check_stream(rerun, long, completion_prompt_tokens)
+    check_stream(await waiting, 16, completion_prompt_tokens)
+    for task in bg.values():
+        check_stream(await task, long, completion_prompt_tokens)
+    assert first["com"] < first["bg-wait"]  # committed first, by priority, not arrival
+    assert ended["com"] < ended["bg-0-2"]
+    assert engine._engine.get_num_unfinished_requests() == 0
+
+
 # -- OpenAIEngine against vLLM's OpenAI server ---------------------------------
 
 

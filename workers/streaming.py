@@ -4,10 +4,17 @@ A write per token costs the fleet a Redis round trip in the worker (on loopback 
 send alone is ~0.2 ms of the worker's CPU), a stream entry, an SSE chunk in the gateway
 and a parse in the client: on a small box that is CPU the engine itself needs (see
 bench/engine_passthrough.py). So one writer per replica gathers the text of all its
-streams and writes it in one round trip, then lets `window_s` pass before the next
-write. A request's first text, and the rest of a finished request, cut the window
-short: the caller's time to first token and to its last token do not wait. A token
-waits at most one window plus one write.
+streams and writes it in one round trip.
+
+The window is adaptive. While the replica streams to few callers (up to `busy_streams`,
+16), nothing waits: text is written as soon as the previous write returns, so a caller
+gets a chunk per token from an engine or upstream that produces them apart, and only
+tokens that arrive within one Redis round trip of each other share a chunk. With more
+streams open, the writer lets `window_s` pass after each write, so a busy replica
+spends one round trip on many tokens of many streams. Even then a request's first
+text, and the rest of a finished request, cut the window short: the caller's time to
+first token and to its last token do not wait. A token waits at most one window plus
+one write.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 from fleet.store.line import Line
 
 WINDOW_S = 0.02  # 20 ms: below what a reader notices, a few decode steps of a busy engine
+BUSY_STREAMS = 16  # more open streams than this on a replica: batch their writes by the window
 
 
 class LeaseLost(Exception):
@@ -42,9 +50,10 @@ class StreamWriter:
     `discard` in any case when the attempt ends. Keying by the attempt, not the
     request, keeps a stalled old attempt from touching a new one's stream."""
 
-    def __init__(self, line: Line, window_s: float = WINDOW_S) -> None:
+    def __init__(self, line: Line, window_s: float = WINDOW_S, busy_streams: int = BUSY_STREAMS) -> None:
         self.line = line
         self.window_s = window_s
+        self.busy_streams = busy_streams
         self._streams: dict[str, _Stream] = {}
         self._more = asyncio.Event()  # something is buffered
         self._now = asyncio.Event()  # a first token or a close: skip the window
@@ -86,8 +95,9 @@ class StreamWriter:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _write_loop(self) -> None:
-        """Write every stream's buffered text in one round trip, then let the window pass (cut
-        short by a first token or a close); a lost lease or a Redis error fails its streams."""
+        """Write every stream's buffered text in one round trip, then, on a busy replica, let the
+        window pass (cut short by a first token or a close); a lost lease or a Redis error fails
+        its streams."""
         while True:
             await self._more.wait()
             self._more.clear()
@@ -110,6 +120,8 @@ class StreamWriter:
                 s.sent_any = True
                 if not s.buf:
                     s.written.set()
-            # The window: text that arrives meanwhile, from any stream, rides in the next write.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._now.wait(), self.window_s)
+            # The window, on a busy replica only: text that arrives meanwhile, from any stream,
+            # rides in the next write. With few streams the next write goes at once.
+            if len(self._streams) > self.busy_streams:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._now.wait(), self.window_s)

@@ -4,7 +4,9 @@ streams tokens back, measures TTFT and TPOT, and heartbeats.
 
 Leases are renewed every heartbeat while a request runs; a request whose
 lease this worker lost is aborted here, because someone else now owns it.
-SIGTERM drains: stop claiming, finish what is in flight, exit.
+SIGTERM drains: stop claiming, finish what is in flight, exit. SIGUSR1 parks
+(stop claiming, finish what is in flight, stay up and warm: the previous
+version after a promotion); SIGUSR2 resumes a parked replica.
 """
 
 from __future__ import annotations
@@ -13,21 +15,22 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import time
 import uuid
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.policy import replica_concurrency, tier_capacity
-from fleet.store.connection import Clients
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
+from fleet.store.version_outcomes import record_outcome
 from workers.engines.base import Engine, EngineError, EngineRequest
+from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.streaming import LeaseLost, StreamWriter
 
 log = logging.getLogger("fleet.worker")
@@ -36,12 +39,13 @@ log = logging.getLogger("fleet.worker")
 class Worker:
     def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
                  replica_id: str | None = None, engine_name: str = "sim", blocking: Redis | None = None,
-                 pubsub: Redis | None = None) -> None:
+                 pubsub: Redis | None = None, version: str = "") -> None:
         self.cfg = cfg
         self.tier = tier
         self.tc = cfg.tiers[tier]
         self.engine = engine
         self.engine_name = engine_name
+        self.version = version  # the model version it runs, in every heartbeat
         self.redis = redis
         self.pubsub_redis = pubsub or redis  # subscriptions wait without a read timeout
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
@@ -60,6 +64,10 @@ class Worker:
         self.started_at = time.time()
         self._slot_freed = asyncio.Event()
         self._draining = asyncio.Event()
+        self._holding = asyncio.Event()  # drained or parked: claim nothing more
+        self._resumed = asyncio.Event()
+        self.parked = False
+        self.preemptor = Preemptor(self.line, self.tc, self.replica_id)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -106,7 +114,26 @@ class Worker:
     def drain(self) -> None:
         self.state = "draining"
         self._draining.set()
+        self._holding.set()
         self._slot_freed.set()
+
+    def park(self) -> None:
+        """Stop claiming but stay up, engine warm: it says draining, and a rollback can resume it."""
+        if self._draining.is_set() or self.parked:
+            return
+        self.parked, self.state = True, "draining"
+        self._resumed.clear()
+        self._holding.set()
+        self._slot_freed.set()
+
+    def resume(self) -> None:
+        """Claim again after `park` (a rollback to this version: no cold start); it says so at once,
+        not a beat later, so the scaler counts it ready before it starts another."""
+        if self.parked and not self._draining.is_set():
+            self.parked, self.state = False, "ready" if self.cold_start_s is not None else "starting"
+            self._holding.clear()
+            self._resumed.set()
+            self._beat_now = asyncio.get_running_loop().create_task(self._heartbeat_once())
 
     # --- claiming -------------------------------------------------------------
 
@@ -130,13 +157,28 @@ class Worker:
         retries; what already runs keeps running.
         """
         while not self._draining.is_set():
+            if self.parked:
+                await _first(self._resumed.wait(), self._draining.wait())
+                continue
             free = self.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                if not self.preemptor.enabled:
+                    await self._slot_freed.wait()
+                    continue
+                # Full: look for a higher class waiting each poll (docs/preemption.md).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), self.preemptor.poll_s)
+                if not self._slot_freed.is_set() and not self._draining.is_set():
+                    try:
+                        await self.preemptor.check(self.concurrency, self.active)
+                    except Exception:  # Redis away: what runs keeps running
+                        log.exception("preemption check failed")
+                        await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
                 continue
             try:
-                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s)
+                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s,
+                                                self.preemptor.caps(self.concurrency))
             except Exception:  # Redis away: keep what runs, try again shortly
                 log.exception("claim failed; retrying")
                 await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
@@ -147,10 +189,11 @@ class Worker:
                     # old attempt is void (its lease is gone), the new one starts clean.
                     self._cancel(c.rid)
                 self.owners[c.rid] = c.owner
-                self.active[c.rid] = asyncio.create_task(self._serve(c))
+                # Tracked now, not when its task starts: the next claim's caps count it.
+                self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
             if not claimed:
                 waiter = asyncio.create_task(self.line.wait_for_work(1.0))
-                drain = asyncio.create_task(self._draining.wait())
+                drain = asyncio.create_task(self._holding.wait())
                 await asyncio.wait({waiter, drain}, return_when=asyncio.FIRST_COMPLETED)
                 for t in (waiter, drain):
                     t.cancel()
@@ -160,7 +203,7 @@ class Worker:
 
     # --- serving --------------------------------------------------------------
 
-    async def _serve(self, c: Claimed) -> None:
+    async def _serve(self, c: Claimed, attempt: Attempt) -> None:
         """Run one claimed request on the engine and end it with exactly one outcome.
 
         Within the time left to its deadline: stream its tokens (through the
@@ -180,12 +223,15 @@ class Worker:
             messages=p.get("messages"), max_tokens=int(p.get("max_tokens", 16)),
             temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
             stop=list(p.get("stop") or []), seed=p.get("seed"), ignore_eos=bool(p.get("ignore_eos", False)),
+            stream=stream,
+            priority=attempt_rank(c.priority),
         )
         t0 = time.monotonic()
         t_first = t_last = 0.0
         parts: list[str] = []
         prompt_tokens = completion_tokens = 0
         useful = False  # only a completion this worker recorded, within its deadline, is useful
+        ended: bool | None = None  # for judging its version: ok, an error, or neither (cancelled, caller's fault)
         finish_reason = "stop"
         if stream:
             self.streams.open(c.lease, c.rid, c.owner, c.attempt)
@@ -198,10 +244,12 @@ class Worker:
                         t_first = now
                     t_last = now
                     prompt_tokens, completion_tokens = d.prompt_tokens, d.completion_tokens
+                    attempt.progress = completion_tokens
                     if d.finish_reason:
                         finish_reason = d.finish_reason
                     if stream:
                         if d.text:
+                            attempt.sent = True
                             self.streams.push(c.lease, d.text)
                     else:
                         parts.append(d.text)
@@ -214,18 +262,18 @@ class Worker:
                                     "wait": c.waited_ms / 1000, "replica": self.replica_id}
             if not stream:
                 done["x"] = "".join(parts)
-            if await self.line.finish(c.rid, "completed", done, owner=c.owner,
+            if await self._finish(c, "completed", done,
                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
-                useful = True
+                useful = ended = True
                 self.completed += 1
                 metrics.TTFT.labels(self.tier).observe(ttft)
                 if completion_tokens > 1:  # one token has no time per output token
                     metrics.TPOT.labels(self.tier).observe(tpot)
         except TimeoutError:
+            ended = False
             await self.engine.abort(req.request_id)
-            await self.line.finish(c.rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                      "msg": "deadline passed while the request was running"},
-                                   owner=c.owner)
+            await self._finish(c, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
+                                                      "msg": "deadline passed while the request was running"})
         except LeaseLost:
             # Reaped while it ran (the replica stalled): another attempt owns it now.
             log.warning("lease on %s attempt %d was lost; aborting it here", c.rid, c.attempt)
@@ -239,30 +287,51 @@ class Worker:
             # The engine refusing the request itself (too long for the context, ...) is the
             # caller's fault: a 400 it must not retry. Anything else is the fleet's: 502.
             status = 400 if e.type == "invalid_request_error" else 502
+            ended = None if status == 400 else False
             if e.code == "engine_dead" and self.failed is None:
                 # Nothing more will run here: stop claiming and exit non-zero, so the
                 # supervisor replaces the replica instead of it failing every request.
                 log.error("the engine died (%s): draining replica %s", e, self.replica_id)
                 self.failed = str(e)
                 self.drain()
-            await self.line.finish(c.rid, "failed", {"t": "err", "status": status, "type": e.type,
-                                                     "code": e.code or e.type, "msg": str(e)},
-                                   owner=c.owner)
+            await self._finish(c, "failed", {"t": "err", "status": status, "type": e.type,
+                                                     "code": e.code or e.type, "msg": str(e)})
         except Exception as e:  # an engine bug must not take the replica down with it
+            ended = False
             log.exception("request %s failed in the engine", c.rid)
             await self.engine.abort(req.request_id)
-            await self.line.finish(c.rid, "failed", {"t": "err", "status": 502, "type": "engine_error",
-                                                     "msg": f"{type(e).__name__}: {e}"}, owner=c.owner)
+            await self._finish(c, "failed", {"t": "err", "status": 502, "type": "engine_error",
+                                                     "msg": f"{type(e).__name__}: {e}"})
         finally:
             self.streams.discard(c.lease)
             if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
                 self.active.pop(c.rid, None)
                 self.owners.pop(c.rid, None)
             self._slot_freed.set()
-            # Every token generated is charged, useful or not (late, failed, cancelled).
-            with contextlib.suppress(Exception):
-                await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
-                                                completion_tokens, useful=useful)
+            # Every token generated is charged, useful or not (late, failed, cancelled), except a
+            # preempted attempt's: it runs again, and only the attempt that ends it counts.
+            if not self.preemptor.untrack(c.rid, attempt):
+                with contextlib.suppress(Exception):
+                    await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
+                                                    completion_tokens, useful=useful)
+                    if ended is not None:
+                        await record_outcome(self.redis, self.line.keys, self.version, ended, t_first - t0)
+
+    async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
+        """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not
+        thrown away, and the lease check (`owner`) keeps a late retry from ending a newer attempt.
+        Given up once the caller's result could no longer be read (its TTL)."""
+        give_up = time.monotonic() + max(c.remaining_ms / 1000, 0) + self.cfg.result_ttl_s
+        delay = 0.1
+        while True:
+            try:
+                return await self.line.finish(c.rid, outcome, event, owner=c.owner, **kw)
+            except RedisError:
+                if time.monotonic() > give_up:
+                    raise
+                log.warning("finishing %s as %s: Redis unavailable; retrying in %.1f s", c.rid, outcome, delay)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
 
     def _cancel(self, rid: str) -> None:
         task = self.active.get(rid)
@@ -297,7 +366,7 @@ class Worker:
         await write_heartbeat(self.redis, self.line.keys, Heartbeat(
             id=self.replica_id, state=self.state, slots=self.concurrency, in_use=len(self.active),  # type: ignore[arg-type]
             completed=self.completed, cold_start_s=self.cold_start_s, ts=time.time(), started=self.started_at,
-            pid=os.getpid(), engine=self.engine_name))
+            pid=os.getpid(), engine=self.engine_name, version=self.version))
         # Replica-seconds by state into the spend ledger (idempotent: see fleet.ledger).
         await self.ledger.accrue(self.replica_id, self.state, self.started_at)
 
@@ -314,30 +383,11 @@ class Worker:
                 log.exception("heartbeat failed")
 
 
-async def run_worker(cfg: FleetConfig, tier: str, engine_name: str, redis_url: str, *,
-                     replica_id: str | None = None, time_scale: float = 1.0, metrics_port: int | None = None,
-                     metrics_host: str = "127.0.0.1") -> int:
-    """Run one replica until it drains; the exit code says whether it gave up."""
-    from workers.engines import build_engine
-
-    if metrics_port is not None:  # Prometheus scrapes each replica here (a thread; the loop never serves it)
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr=metrics_host)
-
-    clients = Clients.open(redis_url, name=f"worker:{tier}")
-    engine = build_engine(engine_name, cfg.tiers[tier], time_scale=time_scale)
-    worker = Worker(cfg, tier, engine, clients.calls, replica_id=replica_id, engine_name=engine_name,
-                    blocking=clients.blocking, pubsub=clients.pubsub_client)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, worker.drain)
+async def _first(*waits: Any) -> None:  # until the first of `waits` completes; the others are cancelled
+    tasks = [asyncio.ensure_future(w) for w in waits]
     try:
-        await worker.run()
-    except EngineError as e:  # the engine could not start: say why, no traceback
-        log.error("replica %s: the %s engine failed to start: %s", worker.replica_id, engine_name, e)
-        return 1
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await clients.aclose()
-    return 1 if worker.failed else 0
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -18,7 +18,11 @@ ceiling itself. The modules, each importing only those above it:
 - `calibration`: capacity expected vs seen (start-up, throughput);
 - `tier_budget`: the tier budget governor's math (windows, projected spend,
   the budget ceiling, exhausted or not, token burn, cost per useful token);
-- `key_budget`: what a call costs an API key.
+- `key_budget`: what a call costs an API key;
+- `rollout`: replacing replicas by the live model version one at a time, and
+  judging a promotion against the version it replaced.
+- `preemption`: which running request gives its slot to a higher class, and the
+  slots a replica keeps for higher classes.
 """
 
 from fleet.policy.admission import (
@@ -29,6 +33,7 @@ from fleet.policy.admission import (
     predicted_wait_s,
     queue_wait_s,
     service_forecast,
+    wait_with_ceiling_s,
 )
 from fleet.policy.calibration import (
     Calibration,
@@ -59,8 +64,21 @@ from fleet.policy.observation import (
     service_rate,
     waiting,
 )
+from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
+from fleet.policy.rollout import (
+    Outcome,
+    RolloutStep,
+    Verdict,
+    VersionStats,
+    drain_first,
+    judge_rollout,
+    p99,
+    replicas_by_version,
+    rollout_step,
+    version_stats,
+)
 from fleet.policy.scaling import (
     ScaleDecision,
     TierState,
@@ -68,6 +86,7 @@ from fleet.policy.scaling import (
     ceiling_of,
     decide_tier,
     gpu_ceiling,
+    rate_with_margin,
     start_timeout_s,
     wedged,
 )
@@ -98,14 +117,20 @@ __all__ = [
     "BudgetView",
     "Calibration",
     "ObservedReplica",
+    "Outcome",
     "Prewarm",
     "PrewarmOrder",
     "Replicas",
+    "RolloutStep",
+    "RunningRequest",
     "ScaleDecision",
     "ServiceForecast",
     "TierCapacity",
     "TierObservation",
     "TierState",
+    "Verdict",
+    "VersionStats",
+    "WaitingRequest",
     "active_prewarm",
     "active_windows",
     "admission_forecast",
@@ -118,26 +143,34 @@ __all__ = [
     "calibrate",
     "calibrated_capacity",
     "ceiling_of",
+    "choose_victim",
+    "claim_caps",
     "cost_per_million_tokens",
     "cost_per_useful_million",
     "decide",
     "decide_tier",
     "default_max_tokens",
+    "drain_first",
     "drain_s",
     "format_duration",
     "gpu_ceiling",
     "initial_calibration",
     "judge",
     "judge_admission",
+    "judge_rollout",
     "littles_law",
     "modelled_startup_s",
+    "p99",
     "predicted_wait_s",
     "prewarm_lead_s",
     "projected_spend",
     "queue_wait_s",
     "rate",
+    "rate_with_margin",
     "replica_concurrency",
+    "replicas_by_version",
     "replicas_for",
+    "rollout_step",
     "scale_in_victims",
     "scaling_state",
     "seconds_to_drain",
@@ -150,6 +183,8 @@ __all__ = [
     "tier_has_budget",
     "token_burn_since",
     "token_burn_usd_per_s",
+    "version_stats",
+    "wait_with_ceiling_s",
     "waiting",
     "wedged",
 ]

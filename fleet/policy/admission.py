@@ -104,6 +104,28 @@ def predicted_wait_s(ahead: int, forecast: ServiceForecast, service_s: float) ->
     return queue_wait_s(ahead, forecast) + max(0.0, service_s)
 
 
+def wait_with_ceiling_s(ahead: int, forecast: ServiceForecast, *, counted: int, ceiling: int | None,
+                        per_replica_rate: float, startup_s: float) -> float:
+    """Seconds until a worker starts this request if the tier's ceiling were reached now: the
+    replicas it lacks are started at once and serve after a start-up, beside what serves now.
+
+    What a committed call is judged on: it is refused only when even this cannot meet its
+    deadline (the scaler is adding replicas; the class limits shed the classes below).
+    `counted`: the replicas `forecast` already serves with. `ceiling` None: no limit on
+    replicas, so the line itself costs no more than one start-up.
+    """
+    now_wait = queue_wait_s(ahead, forecast)
+    extra = math.inf if ceiling is None else ceiling - counted
+    if extra <= 0 or ahead <= 0:
+        return now_wait
+    startup = max(0.0, startup_s)
+    served_meanwhile = forecast.rate * max(0.0, startup - forecast.delay_s)
+    if ahead <= served_meanwhile:
+        return now_wait
+    added = extra * max(per_replica_rate, 1e-9)
+    return min(now_wait, startup + (ahead - served_meanwhile) / (forecast.rate + added))
+
+
 # The line drains at the forecast rate only on average. A Retry-After a little
 # long costs the caller a moment; one too short costs it a second refusal, and
 # teaches clients to ignore the header. So the drain estimate gets headroom.
@@ -141,6 +163,7 @@ def admit(
     deadline_s: float | None,
     budget_exhausted: bool = False,
     budget_retry_in_s: float | None = None,
+    committed_wait_s: float | None = None,
 ) -> AdmissionDecision:
     """Admit or refuse one request of class `priority`.
 
@@ -153,6 +176,11 @@ def admit(
     - the class's wait limit bounds the time in the line (the drain signal:
       a planner tier tolerates 2 s of line even if its own answer takes 3 s);
     - the caller's deadline bounds the time to the last token.
+
+    Committed work is served: its class's wait limit does not apply, and its
+    deadline is judged on `committed_wait_s` (the wait if the ceiling's replicas
+    were started now, `wait_with_ceiling_s`) when given: it is refused only
+    with `deadline_unmeetable`, when even that cannot meet it.
 
     Retry-After: for the line, the time it needs to drain back under the
     bound: every second of draining takes a second off the predicted wait,
@@ -168,6 +196,11 @@ def admit(
         return AdmissionDecision(False, "budget_exhausted", done_in, min(deadline, wait_limit_s), _whole_seconds(retry),
                         ahead, f"the tier's budget is spent; {priority.name} work is refused until the window "
                         f"resets in {_whole_seconds(retry)} s (committed work is still served)")
+    if priority == Priority.committed:
+        if committed_wait_s is not None and committed_wait_s < in_line:
+            in_line = committed_wait_s
+            done_in = in_line + max(0.0, service_s)
+        wait_limit_s = math.inf  # the class limits shed from the bottom; committed is served
     over_deadline = done_in - deadline
     over_limit = in_line - wait_limit_s
     if over_deadline <= 0 and over_limit <= 0:

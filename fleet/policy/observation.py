@@ -16,7 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.config import Priority
-from fleet.policy.admission import AdmissionDecision, ServiceForecast, admit, service_forecast
+from fleet.policy.admission import (
+    AdmissionDecision,
+    ServiceForecast,
+    admit,
+    service_forecast,
+    wait_with_ceiling_s,
+)
 from fleet.policy.capacity import rate, seconds_to_drain
 from fleet.policy.replicas import NO_REPLICAS, Replicas
 from fleet.policy.scaling import TierState
@@ -95,8 +101,12 @@ def admission_forecast(obs: TierObservation, cap: TierCapacity) -> ServiceForeca
 
 
 def judge_admission(obs: TierObservation, cap: TierCapacity, priority: Priority, *, prompt_tokens: int,
-                    output_tokens: int, wait_limit_s: float, deadline_s: float | None) -> AdmissionDecision:
+                    output_tokens: int, wait_limit_s: float, deadline_s: float | None,
+                    max_replicas: int | None = None) -> AdmissionDecision:
     """Admit or refuse one call of class `priority` on what was observed (`fleet.policy.admission.admit`).
+
+    A committed call is judged as if the tier's ceiling (the smaller of `max_replicas`
+    and the budget's ceiling; None for both: unbounded) were ordered now.
 
     `output_tokens`: the length admission assumes, never the call's true one
     (`TierCapacity.output_estimate`): the gateway cannot know it, nor may the simulator.
@@ -104,9 +114,19 @@ def judge_admission(obs: TierObservation, cap: TierCapacity, priority: Priority,
     b = obs.budget
     exhausted = b is not None and b.exhausted
     retry_in = b.retry_at - obs.now if exhausted and b is not None and b.retry_at else None
-    return admit(priority, ahead=ahead_of(obs, priority), forecast=admission_forecast(obs, cap),
+    ahead = ahead_of(obs, priority)
+    forecast = admission_forecast(obs, cap)
+    committed_wait = None
+    if priority == Priority.committed:
+        reps = obs.replicas
+        limits = [n for n in (max_replicas, b.ceiling if b is not None else None) if n is not None]
+        committed_wait = wait_with_ceiling_s(ahead, forecast, counted=reps.ready or max(1, reps.starting),
+                                             ceiling=min(limits) if limits else None,
+                                             per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s)
+    return admit(priority, ahead=ahead, forecast=forecast,
                  service_s=cap.service_s(prompt_tokens, output_tokens), wait_limit_s=wait_limit_s,
-                 deadline_s=deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in)
+                 deadline_s=deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in,
+                 committed_wait_s=committed_wait)
 
 
 # --- scaling --------------------------------------------------------------------------------
@@ -121,4 +141,4 @@ def scaling_state(obs: TierObservation, cap: TierCapacity, *, prewarm_floor: int
         waiting=waiting(obs), oldest_wait_s=obs.oldest_wait_s, arrival_rate=arrival_rate(obs),
         service_rate=service_rate(obs), ready=reps.ready, starting=reps.starting, draining=reps.draining,
         per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s, prewarm_floor=prewarm_floor,
-        budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since)
+        budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since, rate_window_s=obs.window_s)

@@ -18,6 +18,7 @@ class ObservedReplica:
     in_use: int  # requests it runs now
     started: float  # epoch seconds it was launched
     cold_start_s: float | None = None  # its engine's own start-up, once measured
+    version: str = ""  # the model version it runs (the registry's), "" when unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ class TierState:
     budget_ceiling: int | None = None  # most replicas the budget allows; None: no limit
     gpu_ceiling: int | None = None  # most replicas the GPUs can hold; None: no GPU limit
     calm_since: float | None = None  # carried by the scaler: see the module doc
+    rate_window_s: float = 0.0  # the window the arrival rate was counted over (its Poisson noise); 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,20 @@ def wedged(last_beat_s: float, now: float, heartbeat_s: float) -> bool:
     return now - last_beat_s > 2 * (3 * heartbeat_s + 1)
 
 
+# How many standard deviations of Poisson noise the arrival rate must stay clear of before
+# a replica is given back: a rate counted over a 10 s window wanders by sqrt(rate / 10);
+# scaling in on a low draw only to scale out on the next high one is a flap (a cold start).
+SCALE_IN_NOISE_SD = 2.0
+
+
+def rate_with_margin(arrival_rate: float, window_s: float, sd: float = SCALE_IN_NOISE_SD) -> float:
+    """The arrival rate plus `sd` standard deviations of the noise of a Poisson count over
+    `window_s` (the rate itself when no window is known)."""
+    if arrival_rate <= 0 or window_s <= 0:
+        return max(0.0, arrival_rate)
+    return max(0.0, arrival_rate + sd * math.sqrt(arrival_rate / window_s))
+
+
 def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     """What to do with one tier now, and why: scale out, scale in by one, hold, or capped.
 
@@ -171,13 +186,23 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # Demand. Desired never depends on `starting`: an order placed last tick
     # raises `have`, not the need, so the same need is never ordered twice.
     r = max(s.per_replica_rate, 1e-9)
-    by_arrival = replicas_for(s.arrival_rate, r) if s.arrival_rate > 0 else 0
+    # Arrivals alone order replicas only for a rate clear of its Poisson noise (the count
+    # over the window, less SCALE_IN_NOISE_SD deviations): a high draw is no reason to pay
+    # a cold start, and a real excess shows in the line within seconds (`by_line`).
+    lo = rate_with_margin(s.arrival_rate, s.rate_window_s, -SCALE_IN_NOISE_SD)
+    by_arrival = replicas_for(lo, r) if lo > 0 else 0
     # The line now plus what piles up while new replicas start, drained within the threshold.
     growth = backlog_during_startup(s.arrival_rate, s.ready * r, s.startup_s)
     backlog = s.waiting + growth
     by_line = math.ceil(backlog / (thr * r)) if backlog > 0 else 0
     desired = max(by_arrival, by_line)
     target = max(desired, floor)
+    # What scale-in must clear: the need with a margin for Poisson noise in the rate. Calm
+    # restarts at every tick where it reaches the ready replicas, so a step down needs it
+    # below ready for the whole hold: the highest recommendation over the hold, as HPA's
+    # scale-down stabilisation window, with noise taken off first.
+    hi = rate_with_margin(s.arrival_rate, s.rate_window_s)
+    keep = max(replicas_for(hi, r) if hi > 0 else 0, by_line)
     # Calm is "the drain is under its threshold and the demand leaves a replica
     # spare"; any tick that needs every ready replica restarts it. A calm
     # period carried over from before a burst must not let the first lull in
@@ -186,7 +211,7 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # bounds it) the hold runs whatever the line: demand is no reason to stay
     # over a limit, and a busy line must not hold the tier there forever.
     over = have > ceiling and have > floor
-    calm = over or (not hot and desired < s.ready)
+    calm = over or (not hot and keep < s.ready)
     calm_since = (now if s.calm_since is None else s.calm_since) if calm else None
 
     def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since) -> ScaleDecision:
@@ -229,7 +254,7 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
             reason += f" (capped: {ceiling_by} at {ceiling})"
         return made("scale_out", delta, reason, code)
 
-    if over or (have > floor and desired < s.ready):
+    if over or (have > floor and keep < s.ready):
         if s.starting:
             return made("hold", 0, f"hold: {s.starting} starting", "starting")
         # Over the ceiling a queued line does not hold the step down: the replica
@@ -238,13 +263,16 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
             return made("hold", 0, f"hold: line not empty ({s.waiting} waiting)", "line")
         calm_for = 0.0 if calm_since is None else now - calm_since
         if calm_for < cfg.scale_in_hold_s:
-            return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in",
+            above = f" (above the {ceiling_by} ceiling {ceiling})" if over else ""
+            return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in{above}",
                         "hold_period")
         # The step restarts the hold: the next one waits a whole hold period again.
-        why = f"above the ceiling {ceiling} ({ceiling_by})" if over else f"need {desired}"
+        why = f"above the ceiling {ceiling} ({ceiling_by})" if over else f"need {keep} with noise margin"
         return made("scale_in", -1, f"scale_in: calm {calm_for:.0f} s >= {cfg.scale_in_hold_s:g} s, "
                     f"{have} -> {have - 1} (floor {floor}, {why})", ceiling_by if over else "idle", calm=now)
 
     if s.starting:
         return made("hold", 0, f"hold: {s.starting} starting", "starting")
-    return made("hold", 0, f"hold: {have} replicas (floor {floor}, ceiling {ceiling}, need {desired})", "steady")
+    margin = f", {keep} with noise margin" if keep > desired else ""
+    return made("hold", 0, f"hold: {have} replicas (floor {floor}, ceiling {ceiling}, need {desired}{margin})",
+                "steady")

@@ -11,9 +11,11 @@ the simulator agree:
 
 - windows: the daily window (from `reset_at` in `timezone`) and any named
   windows (a cron start plus a duration) active at `now`;
-- `projected_spend`: spent so far + current burn rate * rest of the window;
-- `budget_ceiling`: the most replicas whose burn keeps projected spend within
-  the budget;
+- `least_spend`: spent so far + the floor for the rest of the window + each
+  replica above the floor for its least hold (a burst's replicas are scaled in
+  after it);
+- `burst_ceiling`: the most replicas whose least spend keeps the window within
+  the budget (`budget_ceiling` is the older burn-to-the-end rule);
 - `judge`: all of that for one tier, with the reason it decided what it did.
 
 Exhausted means the fleet *as it runs now* cannot be afforded to the end of a
@@ -184,6 +186,53 @@ def projected_spend(spent_usd: float, burn_usd_per_s: float, now: float, window_
     return spent_usd + max(0.0, burn_usd_per_s) * max(0.0, window_end - now)
 
 
+def least_spend(spent_usd: float, replicas: int, floor: int, rest_s: float, hold_s: float,
+                replica_usd_per_s: float, other_burn_usd_per_s: float = 0.0) -> float:
+    """What the window will cost at least, with `replicas` running now: spent so far, the
+    floor for the rest of the window, and each extra replica for its least hold.
+
+    A burst's extra replicas do not run to the window's end: once the demand falls they
+    leave one per `scale_in_hold_s` (the k-th extra above the floor after k holds at the
+    soonest). Projecting today's burn to the window's end would leave the budget idle;
+    this projection lets a burst spend it. If the burst goes on, spend catches up with
+    the projection every tick and the ceiling falls; above it the tier steps down at once
+    (`decide_tier`), so the window overspends by no more than a tick's burn and the drains.
+    """
+    rest = max(0.0, rest_s)
+    base = max(0, floor)
+    extra = max(0, replicas - base)
+    hold = max(0.0, hold_s)
+    extra_s = sum(min(rest, k * hold) for k in range(1, extra + 1)) if hold > 0 else 0.0
+    return (spent_usd + max(0.0, other_burn_usd_per_s) * rest
+            + replica_usd_per_s * (min(replicas, base) * rest + extra_s))
+
+
+def burst_ceiling(budget_usd: float, spent_usd: float, floor: int, rest_s: float, hold_s: float,
+                  replica_usd_per_s: float, other_burn_usd_per_s: float = 0.0, most: int = 10_000) -> int | None:
+    """The most replicas whose least spend (`least_spend`) keeps the window within its budget;
+    when even the floor does not fit, what the old projection allows (below the floor).
+    None when replicas cost nothing or the window is over."""
+    rest = max(0.0, rest_s)
+    if replica_usd_per_s <= 0 or rest <= 0:
+        return None
+    if least_spend(spent_usd, floor, floor, rest, hold_s, replica_usd_per_s, other_burn_usd_per_s) > budget_usd + _EPS:
+        left = budget_usd - spent_usd - max(0.0, other_burn_usd_per_s) * rest
+        return max(0, math.floor(left / (replica_usd_per_s * rest) + _EPS))
+    n = max(0, floor)
+    # Each extra replica adds min(rest, k * hold) seconds: add them while they fit.
+    cost = least_spend(spent_usd, n, floor, rest, hold_s, replica_usd_per_s, other_burn_usd_per_s)
+    while n < most:
+        k = n + 1 - max(0, floor)
+        more = replica_usd_per_s * (min(rest, k * hold_s) if hold_s > 0 else 0.0)
+        if more <= 0:
+            return None  # extra replicas cost nothing in this window: it does not bound them
+        if cost + more > budget_usd + _EPS:
+            break
+        cost += more
+        n += 1
+    return n
+
+
 def budget_ceiling(budget_usd: float, spent_usd: float, now: float, window_end: float,
                    replica_usd_per_s: float, other_burn_usd_per_s: float = 0.0) -> int | None:
     """The most replicas whose burn keeps projected spend within the budget.
@@ -257,15 +306,19 @@ def judge(tc: TierConfig, obs: BudgetObservation, lead_s: float = 0.0) -> Budget
     per_replica = replica_usd_per_s(tc)
     burn = obs.replicas * per_replica + max(0.0, obs.token_burn_usd_per_s)
     views = []
+    floor, hold = tc.warm_floor, tc.scale_in_hold_s
     for w in active_windows(tc.budget, obs.now):
         spent = obs.spent_usd.get(w.name, 0.0)
-        projected = projected_spend(spent, burn, obs.now, w.end)
-        ceiling = budget_ceiling(w.usd, spent, obs.now, w.end, per_replica, obs.token_burn_usd_per_s)
+        rest = w.rest_s(obs.now)
+        projected = least_spend(spent, obs.replicas, floor, rest, hold, per_replica, obs.token_burn_usd_per_s)
+        ceiling = burst_ceiling(w.usd, spent, floor, rest, hold, per_replica, obs.token_burn_usd_per_s)
         views.append(WindowView(w.name, w.start, w.end, w.usd, spent, projected, ceiling,
                                 exhausted=projected >= w.usd))
     soon = tuple(
-        WindowView(w.name, w.start, w.end, w.usd, 0.0, projected_spend(0.0, burn, w.start, w.end),
-                   budget_ceiling(w.usd, 0.0, w.start, w.end, per_replica, obs.token_burn_usd_per_s), exhausted=False)
+        WindowView(w.name, w.start, w.end, w.usd, 0.0,
+                   least_spend(0.0, obs.replicas, floor, w.end - w.start, hold, per_replica, obs.token_burn_usd_per_s),
+                   burst_ceiling(w.usd, 0.0, floor, w.end - w.start, hold, per_replica, obs.token_burn_usd_per_s),
+                   exhausted=False)
         for w in upcoming_windows(tc.budget, obs.now, lead_s))
     if not views and not soon:
         return BudgetView(False, None, None, 0.0, 0.0, None, None, False, burn, "no budget window is active", ())

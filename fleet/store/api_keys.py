@@ -7,7 +7,7 @@ client. Reader: every gateway, each heartbeat (`read_stored_keys`), and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis as sync_redis
 from pydantic import ValidationError
@@ -23,16 +23,18 @@ class StoredKeys:
 
     keys: list[ApiKey]
     invalid: list[str]
+    invalid_digests: list[str] = field(default_factory=list)  # so a holder of one is told why it is refused
 
 
 def _parse(raw: dict[bytes, bytes]) -> StoredKeys:
-    keys, invalid = [], []
+    keys, invalid, digests = [], [], []
     for digest, value in raw.items():
         try:
             keys.append(ApiKey.model_validate_json(value))
         except (ValidationError, ValueError) as e:
             invalid.append(f"{digest!r}: {e}")
-    return StoredKeys(keys, invalid)
+            digests.append(digest.decode(errors="replace") if isinstance(digest, bytes) else str(digest))
+    return StoredKeys(keys, invalid, digests)
 
 
 async def read_stored_keys(redis: Redis, namespace: str) -> StoredKeys:
@@ -48,7 +50,10 @@ class KeyExists(ValueError):
     """A stored key of that name exists already."""
 
 
-def add_stored_key(r: sync_redis.Redis, namespace: str, key: ApiKey) -> None:
+def add_stored_key(r: sync_redis.Redis, namespace: str, key: ApiKey, taken: list[str] | None = None) -> None:
+    """Store a key; KeyExists if a stored key, or one of `taken` (the config's), has its name."""
+    if key.name in (taken or ()):
+        raise KeyExists(f"the config has a key named {key.name!r}; pick another name")
     if any(k.name == key.name for k in list_stored_keys(r, namespace).keys):
         raise KeyExists(f"a stored key named {key.name!r} exists; revoke it first")
     r.hset(stored_api_keys(namespace), key.sha256, key.model_dump_json())

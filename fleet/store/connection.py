@@ -19,10 +19,12 @@ short exponential backoff with jitter, so a Redis that restarts is ridden
 through. A *timeout* is not retried: the command may have run (an enqueue, a
 token charge), and running it twice would count it twice.
 
-Where Sentinel or Redis Cluster plug in: `parse_url` reads the scheme, and
-`BUILDERS` maps each scheme to a function that builds the client. Adding
-`redis+cluster://` is one builder (e.g. around `redis.asyncio.cluster.RedisCluster`)
-and one entry in `BUILDERS` and `SYNC_BUILDERS`.
+Where deployment kinds plug in: `parse_url` reads the scheme, and `BUILDERS`
+maps each scheme to a function that builds the client. `redis+cluster://HOST:PORT`
+(any node; several seeds as `HOST:PORT,HOST:PORT`) builds a Redis Cluster client
+(`fleet.store.cluster`): it finds the other nodes itself, follows MOVED/ASK, and
+after a failover re-reads the slot map, so parts ride through a promoted replica
+without a restart.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import redis as sync_redis
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
+
+from fleet.store.cluster import AnyNodePubSub, cluster_client, cluster_client_sync
 
 Role = Literal["calls", "blocking", "pubsub"]
 
@@ -66,10 +71,11 @@ class RedisTarget:
     """Where a URL points and which kind of deployment it names."""
 
     url: str
-    scheme: str  # "redis", "rediss", "unix" (and, once added, "redis+cluster")
+    scheme: str  # "redis", "rediss", "unix", "redis+cluster"
 
 
 SUPPORTED = ("redis", "rediss", "unix")
+CLUSTER = "redis+cluster"
 
 
 def parse_url(url: str) -> RedisTarget:
@@ -91,7 +97,15 @@ def _options(role: Role, connect_timeout_s: float | None) -> dict[str, Any]:
 def _single(target: RedisTarget, options: dict[str, Any]) -> Redis:
     retry = Retry(ExponentialWithJitterBackoff(base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S), RETRIES,
                   supported_errors=(RedisConnectionError,))
-    return Redis.from_url(target.url, retry=retry, **options)
+    wait_s = options.pop("wait_for_connection_s", None)
+    if wait_s is None:
+        return Redis.from_url(target.url, retry=retry, **options)
+    # A bounded pool that makes a caller wait for a free connection instead of failing
+    # with "Too many connections": the connection count stays fixed under any load.
+    pool = BlockingConnectionPool.from_url(target.url, retry=retry, timeout=wait_s, **options)
+    client = Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 def _single_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Redis:
@@ -102,18 +116,23 @@ def _single_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Red
 
 
 # scheme -> how to build a client for it. One entry per deployment kind.
-BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], Redis]] = dict.fromkeys(SUPPORTED, _single)
-SYNC_BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], sync_redis.Redis]] = dict.fromkeys(
-    SUPPORTED, _single_sync)
+BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], Redis]] = {
+    **dict.fromkeys(SUPPORTED, _single), CLUSTER: cluster_client}
+SYNC_BUILDERS: dict[str, Callable[[RedisTarget, dict[str, Any]], sync_redis.Redis]] = {
+    **dict.fromkeys(SUPPORTED, _single_sync), CLUSTER: cluster_client_sync}
 
 
 def connect(url: str, role: Role = "calls", *, max_connections: int | None = None, name: str | None = None,
-            connect_timeout_s: float | None = None) -> Redis:
-    """An asyncio client for `role`. `name` shows in CLIENT LIST (which part holds the connection)."""
+            connect_timeout_s: float | None = None, wait_for_connection_s: float | None = None) -> Redis:
+    """An asyncio client for `role`. `name` shows in CLIENT LIST (which part holds the connection).
+    `wait_for_connection_s` (with `max_connections`): past the limit, wait that long for a free
+    connection rather than fail at once."""
     target = parse_url(url)
     options = _options(role, connect_timeout_s)
     if max_connections is not None:
         options["max_connections"] = max_connections
+        if wait_for_connection_s is not None:
+            options["wait_for_connection_s"] = wait_for_connection_s
     if name:
         options["client_name"] = name
     return BUILDERS[target.scheme](target, options)
@@ -131,6 +150,14 @@ def connect_sync(url: str, role: Role = "calls", *, connect_timeout_s: float | N
     return SYNC_BUILDERS[target.scheme](target, options)
 
 
+def pubsub_source(client: Redis) -> Redis:
+    """What to call `.pubsub()` on for `client`: itself, or on a cluster (whose client
+    has no pub/sub) a source that subscribes on any live node."""
+    if isinstance(client, RedisCluster):
+        return AnyNodePubSub(client, _options("pubsub", None))  # type: ignore[return-value]
+    return client
+
+
 @dataclass
 class Clients:
     """A part's Redis clients, one per role it uses; closed together."""
@@ -142,15 +169,22 @@ class Clients:
 
     @classmethod
     def open(cls, url: str, *, name: str, max_connections: int | None = None,
-             max_blocking: int | None = None) -> Clients:
-        return cls(connect(url, "calls", max_connections=max_connections, name=name),
-                   connect(url, "blocking", max_connections=max_blocking, name=f"{name}:blocking"), None, url)
+             max_blocking: int | None = None, wait_for_connection_s: float | None = None) -> Clients:
+        return cls(connect(url, "calls", max_connections=max_connections, name=name,
+                           wait_for_connection_s=wait_for_connection_s),
+                   connect(url, "blocking", max_connections=max_blocking, name=f"{name}:blocking",
+                           wait_for_connection_s=wait_for_connection_s), None, url)
 
     @property
     def pubsub_client(self) -> Redis:
-        """The subscriptions' client, made on first use (most parts never subscribe)."""
+        """The subscriptions' client, made on first use (most parts never subscribe).
+        On a cluster, a client of whichever node answers when a subscription starts
+        (PUBLISH reaches every node), see `fleet.store.cluster.AnyNodePubSub`."""
         if self._pubsub is None:
-            self._pubsub = connect(self._url, "pubsub", name=None)
+            if parse_url(self._url).scheme == CLUSTER:
+                self._pubsub = pubsub_source(self.calls)
+            else:
+                self._pubsub = connect(self._url, "pubsub", name=None)
         return self._pubsub
 
     async def aclose(self) -> None:

@@ -37,6 +37,7 @@ class Heartbeat:
     started: float  # epoch seconds the process started
     pid: int = 0
     engine: str = ""
+    version: str = ""  # the model version it runs (`fleet.store.model_registry`)
 
     def alive(self, now: float, heartbeat_s: float) -> bool:
         """Three missed beats (and a second): the process is gone or wedged."""
@@ -52,7 +53,8 @@ class Heartbeat:
         b: dict[str, Any] = orjson.loads(raw)
         return cls(id=rid, state=b["state"], slots=int(b["slots"]), in_use=int(b["in_use"]),
                    completed=int(b["completed"]), cold_start_s=b.get("cold_start_s"), ts=float(b["ts"]),
-                   started=float(b.get("started", b["ts"])), pid=int(b.get("pid", 0)), engine=b.get("engine", ""))
+                   started=float(b.get("started", b["ts"])), pid=int(b.get("pid", 0)), engine=b.get("engine", ""),
+                   version=b.get("version", ""))
 
 
 async def write_heartbeat(redis: Redis, keys: TierKeys, beat: Heartbeat) -> None:

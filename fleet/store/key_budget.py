@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from fleet.store.keys import ApiKeyKeys
-from fleet.store.lua import CLOCK
+from fleet.store.lua import CLOCK, SHEBANG
 
 NANO = 1_000_000_000
 SWEEP_MARGIN_MS = 60_000  # past a request's deadline, its reservation is certainly stale
@@ -66,7 +66,7 @@ return {1, n2s(spent), n2s(reserved + amount)}
 """
 
 # KEYS: budget ; ARGV: rid actual_nano
-SETTLE = """
+SETTLE = SHEBANG + """
 local v = redis.call('HGET', KEYS[1], 'r:' .. ARGV[1])
 if not v then return -1 end
 local sep = string.find(v, '|', 1, true)

@@ -102,9 +102,9 @@ class RateLimiter:
         self._reserve = redis.register_script(RESERVE)
         self._adjust = redis.register_script(ADJUST)
 
-    async def reserve(self, key_name: str, *, rpm: int | None, tpm: int | None, tokens: int) -> Taken | Limited:
+    async def reserve(self, key_id: str, *, rpm: int | None, tpm: int | None, tokens: int) -> Taken | Limited:
         """Count the request and its estimated tokens, or refuse; one atomic round trip."""
-        key = ApiKeyKeys(self.namespace, key_name).window
+        key = ApiKeyKeys(self.namespace, key_id).window
         tokens = max(0, int(tokens))
         out = await self._reserve(keys=[key], args=[rpm or 0, tpm or 0, tokens])
         if int(out[0]) == 1:

@@ -124,6 +124,24 @@ class TierKeys:
         """HASH of one UTC day's spend, by minute, hour and day (see `fleet.store.ledger`)."""
         return self._k(f"ledger:d:{day}")
 
+    @property
+    def models(self) -> str:
+        """STRING JSON of the tier's model registry record: the live version, the versions known,
+        the previous known-good one, the rollout in progress (`fleet.store.model_registry`)."""
+        return self._k("models")
+
+    @property
+    def models_history(self) -> str:
+        """STREAM, append-only, of every change to the registry record: who, when, why
+        (`fleet.store.model_registry`)."""
+        return self._k("models:history")
+
+    @property
+    def version_outcomes(self) -> str:
+        """STREAM (capped) of finished calls by model version: ok or not, TTFT; what a promotion
+        is judged on (`fleet.store.version_outcomes`)."""
+        return self._k("models:outcomes")
+
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
         return self._k(f"req:{rid}")
@@ -135,10 +153,13 @@ class TierKeys:
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyKeys:
-    """Keys of one API key; they share the hash tag `{key:NAME}`."""
+    """Keys of one API key; they share the hash tag `{key:ID}`.
+
+    ID is the key's sha256 digest, not its name: two keys never share limits or a budget,
+    whatever they are called, and a name revoked and added again starts afresh."""
 
     namespace: str
-    name: str
+    name: str  # the key's id: its sha256 digest
 
     @property
     def window(self) -> str:

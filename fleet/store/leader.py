@@ -14,9 +14,10 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from fleet.store.keys import scaler_leader_key
+from fleet.store.lua import SHEBANG
 
 # Renew if we hold it, else take it if it is free: one round trip, atomic.
-_ACQUIRE = """
+_ACQUIRE = SHEBANG + """
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -29,7 +30,7 @@ end
 return 0
 """
 
-_RELEASE = """
+_RELEASE = SHEBANG + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """

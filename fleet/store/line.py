@@ -15,6 +15,10 @@ Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
 - `req:<id>` HASH, the request and its state. `state` moves queued -> running
   -> done, and only `finish` sets done, once: that is what makes every
   accepted request end in exactly one outcome.
+- A full replica may preempt a running request of a lower class for one
+  waiting above it (PREEMPT): the victim goes back with its own score and its
+  lease ends; the waiter gets a `pmark` (when), so no other replica preempts
+  for it, unless the mark is older than a lease (its replica died).
 - `res:<id>` STREAM of events for the caller, with a TTL so unread results
   cannot pile up.
 
@@ -33,9 +37,21 @@ from redis.asyncio import Redis
 from fleet.config import Priority
 from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.keys import TierKeys
-from fleet.store.line_scripts import CLAIM, CLASS_SPAN, EMIT, ENQUEUE, FINISH, OBSERVE, OUTCOMES, REAP, RENEW
+from fleet.store.line_scripts import (
+    CLAIM,
+    CLASS_SPAN,
+    EMIT,
+    ENQUEUE,
+    FINISH,
+    OBSERVE,
+    OUTCOMES,
+    PEEK,
+    PREEMPT,
+    REAP,
+    RENEW,
+)
 
-__all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Line", "LineSnapshot", "Reaped"]
+__all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Line", "LineSnapshot", "Reaped", "Waiter"]
 
 
 @dataclass(slots=True)
@@ -47,6 +63,7 @@ class Claimed:
     waited_ms: int
     priority: str
     owner: str  # this attempt's lease on the request: "<replica>:<attempt>"
+    preempted: int = 0  # times it was preempted before this attempt (see PREEMPT)
 
     @property
     def lease(self) -> str:
@@ -73,6 +90,14 @@ class LineSnapshot:
     def ahead_of(self, priority: Priority) -> int:
         """Requests a new arrival of this class would wait behind."""
         return sum(self.by_class[: priority + 1])
+
+
+class Waiter(NamedTuple):
+    """The highest-class request waiting that no replica has preempted for yet."""
+
+    rid: str
+    rank: int
+    waited_s: float
 
 
 class Reaped(NamedTuple):
@@ -107,6 +132,8 @@ class Line:
         self._reap = redis.register_script(REAP)
         self._observe = redis.register_script(OBSERVE)
         self._emit = redis.register_script(EMIT)
+        self._peek = redis.register_script(PEEK)
+        self._preempt = redis.register_script(PREEMPT)
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
                       chain: str = "", admitting: tuple[str, str] | None = None) -> int:
@@ -125,23 +152,50 @@ class Line:
         deadline, _ = await self._enqueue(keys=keys, args=args)
         return int(deadline)
 
-    async def claim(self, replica: str, n: int, lease_s: float) -> list[Claimed]:
+    async def claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None) -> list[Claimed]:
         """Take up to `n` requests from the head of the line under a lease of `lease_s`.
 
         Highest class first, first come first served within a class. Requests
         whose deadline passed in the line are ended as expired on the way and
-        never returned (see CLAIM in `fleet.store.line_scripts`).
+        never returned (see CLAIM in `fleet.store.line_scripts`). `caps`: at
+        most so many of each class and below (`fleet.policy.claim_caps`: slots
+        reserved for higher classes).
         """
         if n <= 0:
             return []
         k = self.keys
-        rows = await self._claim(keys=[k.line, k.inflight, k.counters],
-                                 args=[n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s])
+        args: list[Any] = [n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s]
+        if caps is not None:
+            args.append(",".join(str(c) for c in caps))
+        rows = await self._claim(keys=[k.line, k.inflight, k.counters], args=args)
         return [
             Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
-                    waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]))
+                    waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
             for r in rows
         ]
+
+    async def peek_waiter(self, below_rank: int = 4, *, stale_s: float = 10.0, scan: int = 64) -> Waiter | None:
+        """The highest-class request waiting, of a class above `below_rank`, that no replica has
+        preempted for in the last `stale_s` (see PEEK), or None."""
+        if below_rank <= 0:
+            return None
+        row = await self._peek(keys=[self.keys.line], args=[self.prefix, scan, below_rank, int(stale_s * 1000)])
+        return Waiter(_s(row[0]), int(row[1]), int(row[2]) / 1000) if row else None
+
+    async def preempt(self, waiter: str, victim: str, victim_owner: str, *, max_preemptions: int,
+                      stale_s: float = 10.0) -> bool:
+        """Put `victim` back at the head of its class for `waiter`, once per waiting call (see PREEMPT).
+
+        True: the victim's lease is gone and it waits in the line again; the
+        caller must abort its attempt in the engine. False: nothing changed
+        (a replica preempted for this waiter in the last `stale_s`, the victim
+        ended or streamed, or it was preempted `max_preemptions` times already).
+        """
+        k = self.keys
+        ok = await self._preempt(keys=[k.line, k.inflight, k.counters, k.bell],
+                                 args=[self.prefix, waiter, victim, victim_owner, max_preemptions,
+                                       int(stale_s * 1000)])
+        return bool(int(ok))
 
     async def renew(self, held: list[tuple[str, str]], lease_s: float) -> list[str]:
         """Extend the leases of running requests, (rid, owner) each; returns the rids no longer held."""
@@ -150,7 +204,7 @@ class Line:
         args: list[Any] = [int(lease_s * 1000), self.prefix]
         for rid, owner in held:
             args += [rid, owner]
-        lost = await self._renew(keys=[self.keys.inflight], args=args)
+        lost = await self._renew(keys=[self.keys.inflight, *(self.keys.request(rid) for rid, _ in held)], args=args)
         return [_s(r) for r in lost]
 
     async def finish(self, rid: str, outcome: str, event: dict[str, Any] | None = None, *, owner: str = "",
@@ -173,6 +227,20 @@ class Line:
                   prompt_tokens, completion_tokens, k.cancel_channel],
         )
         return _s(ok) or None
+
+    async def outcome(self, rid: str) -> str | None:
+        """The outcome a request ended with, None while it runs or once its hash is gone."""
+        got = await self.redis.hget(self.keys.request(rid), "outcome")
+        return _s(got) if got is not None else None
+
+    async def relabel(self, rid: str, was: str, outcome: str) -> None:
+        """Count an ended request under `outcome` instead of `was`: the gateway told its caller
+        `outcome` (Redis was away) before it learnt the request had ended `was`. The line's counters
+        count what each caller was told, as the gateway's metrics do."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=True) as p:
+            p.hincrby(k.counters, was, -1).hincrby(k.counters, outcome, 1).hset(k.request(rid), "outcome", outcome)
+            await p.execute()
 
     async def reap(self, max_attempts: int = 3) -> Reaped:
         """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`)."""
@@ -207,17 +275,44 @@ class Line:
         if not tokens:
             return []
         args: list[Any] = [self.prefix, self.result_ttl_s]
+        keys = [self.keys.inflight]
         for rid, owner, event, first in tokens:
             args += [rid, owner, "1" if first else "0", orjson.dumps(event)]
-        return [int(i) for i in await self._emit(keys=[self.keys.inflight], args=args)]
+            keys += [self.keys.request(rid), self.keys.result(rid)]
+        return [int(i) for i in await self._emit(keys=keys, args=args)]
+
+    async def read_results(self, keys: list[bytes], after: list[bytes],
+                           block_ms: int, count: int = 256) -> list[tuple[bytes, bytes, list[dict[str, Any]]]]:
+        """One XREAD over many result streams (`keys`, each after its entry id in `after`, "0-0":
+        from the start), on the blocking client, waiting up to `block_ms` for any entry. Returns
+        (key, last entry id, events) for each stream with news. The gateway's result reader is the
+        one reader (`gateway.result_reader`); a key that is no request's (its wake stream) reads alike."""
+        block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
+        # Built by hand, not through `xread(dict)`: with thousands of streams the dict and
+        # redis-py's argument handling cost more than the read itself.
+        resp = await self.blocking.execute_command("XREAD", "BLOCK", block, "COUNT", count, "STREAMS", *keys, *after)
+        return [(key, entries[-1][0], [orjson.loads(f[b"e"]) if b"e" in f else {} for _, f in entries])
+                for key, entries in resp or () if entries]
 
     async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
-        """The request's result events after entry `after` ("0-0": from the start), each with its
-        entry id, waiting up to `block_ms` for one (on the blocking client). The caller of the
-        request is their one reader."""
+        """One request's result events after entry `after` ("0-0": from the start), each with its
+        entry id, waiting up to `block_ms` (blocking client). For a single reader (tests, benches
+        driving the line directly); the gateway reads every call through `read_results`."""
         block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
         resp = await self.blocking.xread({self.keys.result(rid): after}, block=block, count=256)
         return [(_s(entry), orjson.loads(fields[b"e"])) for entry, fields in resp[0][1]] if resp else []
+
+    def reader_wake_key(self, reader_id: str) -> bytes:
+        """A result reader's own stream in this tier (same slot as the results): `ring_reader`
+        adds to it, and the reader names it in every `read_results`."""
+        return self.keys.result(f"~gw-{reader_id}").encode()
+
+    async def ring_reader(self, wake_key: bytes) -> None:
+        """End a blocked `read_results` that names `wake_key` (one entry kept, with the result TTL)."""
+        async with self.redis.pipeline(transaction=False) as p:
+            p.xadd(wake_key, {"w": "1"}, maxlen=1, approximate=False)
+            p.expire(wake_key, self.result_ttl_s)
+            await p.execute()
 
     async def drop_events(self, rid: str) -> None:
         """The result stream has been read: drop it now rather than at its TTL."""

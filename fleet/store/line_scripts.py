@@ -7,10 +7,11 @@ module doc. Every script starts with the store's one clock preamble
 
 from __future__ import annotations
 
-from fleet.store.lua import CLOCK
+from fleet.store.lua import CLOCK, SHEBANG
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
-OUTCOMES = ("completed", "expired", "cancelled", "failed")
+# `unavailable`: the gateway told the caller 503 (Redis was away) and ended it once Redis answered again.
+OUTCOMES = ("completed", "expired", "cancelled", "failed", "unavailable")
 
 # After CLOCK. Reads KEYS[1] (the line) and ARGV[2] (the key prefix); sets
 # `by_class` (requests waiting per class, highest first) and `oldest_enq` (when
@@ -58,9 +59,12 @@ return {n2s(deadline), n2s(now)}
 """
 
 # KEYS: line inflight counters
-# ARGV: n replica lease_ms prefix ttl_s
+# ARGV: n replica lease_ms prefix ttl_s [caps]
 # Returns a list of up to n claimed requests, highest class first, each
-#   {rid, payload, attempt, remaining_ms, waited_ms, priority, owner}
+#   {rid, payload, attempt, remaining_ms, waited_ms, priority, owner, preempted}
+# `caps` ("c0,c1,c2,c3", `fleet.policy.claim_caps`): at most c<rank> claimed in all
+# once a request of that class is reached; the first one over its cap goes back
+# with its score and the claim stops (caps never grow with rank).
 # where remaining_ms is the time left to its deadline and waited_ms its time in
 # the line (both on the Redis clock), and owner "<replica>:<attempt>" is the
 # lease this attempt holds. Requests popped but not returned ended on the way:
@@ -74,13 +78,22 @@ CLAIM = CLOCK + _EVENT + """
 local out = {}
 local n = tonumber(ARGV[1])
 local pops = 0
+local caps = nil
+if ARGV[6] then
+  caps = {}
+  for c in string.gmatch(ARGV[6], '[^,]+') do caps[#caps + 1] = tonumber(c) end
+end
 while #out < n and pops < 4 * n + 16 do
   pops = pops + 1
   local head = redis.call('ZPOPMIN', KEYS[1])
   if #head == 0 then break end
   local rid = head[1]
+  if caps and #out >= caps[math.floor(tonumber(head[2]) / 1e15) + 1] then
+    redis.call('ZADD', KEYS[1], head[2], rid)  -- its class has no slot here: back in its place
+    break
+  end
   local req = ARGV[4] .. 'req:' .. rid
-  local f = redis.call('HMGET', req, 'state', 'deadline', 'payload', 'attempt', 'enq', 'priority')
+  local f = redis.call('HMGET', req, 'state', 'deadline', 'payload', 'attempt', 'enq', 'priority', 'preempted')
   if not f[1] then
     -- Its hash outlived its deadline by the result TTL: it expired, unseen.
     redis.call('HINCRBY', KEYS[3], 'expired', 1)
@@ -94,22 +107,24 @@ while #out < n and pops < 4 * n + 16 do
     else
       local attempt = tonumber(f[4]) + 1
       local owner = ARGV[2] .. ':' .. attempt
-      redis.call('HSET', req, 'state', 'running', 'owner', owner, 'attempt', attempt, 'claimed', n2s(now))
+      redis.call('HSET', req, 'state', 'running', 'owner', owner, 'attempt', attempt, 'claimed', n2s(now),
+        'pmark', '')
       redis.call('ZADD', KEYS[2], n2s(now + tonumber(ARGV[3])), rid)
-      out[#out + 1] = {rid, f[3], attempt, n2s(tonumber(f[2]) - now), n2s(now - tonumber(f[5])), f[6], owner}
+      out[#out + 1] = {rid, f[3], attempt, n2s(tonumber(f[2]) - now), n2s(now - tonumber(f[5])), f[6], owner,
+        f[7] or '0'}
     end
   end
 end
 return out
 """
 
-# KEYS: inflight ; ARGV: lease_ms prefix (rid owner)...
+# KEYS: inflight req... (one per pair) ; ARGV: lease_ms prefix (rid owner)...
 # Returns the rids whose lease the caller no longer holds.
 RENEW = CLOCK + """
 local lost = {}
 for i = 3, #ARGV, 2 do
   local rid = ARGV[i]
-  local f = redis.call('HMGET', ARGV[2] .. 'req:' .. rid, 'state', 'owner')
+  local f = redis.call('HMGET', KEYS[(i - 3) / 2 + 2], 'state', 'owner')
   if f[1] == 'running' and f[2] == ARGV[i + 1] then
     redis.call('ZADD', KEYS[1], 'XX', n2s(now + tonumber(ARGV[1])), rid)
   else
@@ -146,20 +161,20 @@ end
 return f[1]
 """
 
-# KEYS: inflight (only to route the call to the tier's slot; the rest share its hash tag)
+# KEYS: inflight (req res)... (one pair per entry)
 # ARGV: prefix ttl_s (rid owner first event)...
 # Tokens are written only while their writer still holds the lease, so a
 # replica whose lease was reaped cannot interleave its text with the next
 # attempt's. Returns the positions of the entries whose lease is gone.
-EMIT = """
+EMIT = SHEBANG + """
 local lost = {}
 for i = 3, #ARGV, 4 do
-  local rid = ARGV[i]
-  local req = ARGV[1] .. 'req:' .. rid
+  local at = (i - 3) / 2 + 2
+  local req = KEYS[at]
   local f = redis.call('HMGET', req, 'state', 'owner')
   if f[1] == 'running' and f[2] == ARGV[i + 1] then
     if ARGV[i + 2] == '1' then redis.call('HSET', req, 'streamed', '1') end
-    local res = ARGV[1] .. 'res:' .. rid
+    local res = KEYS[at + 1]
     redis.call('XADD', res, '*', 'e', ARGV[i + 3])
     redis.call('EXPIRE', res, tonumber(ARGV[2]))
   else
@@ -222,4 +237,53 @@ local since = n2s(now - tonumber(ARGV[1]))
 return {n2s(now), by_class, n2s(oldest), redis.call('ZCARD', KEYS[2]),
   redis.call('ZCOUNT', KEYS[4], since, '+inf'), redis.call('ZCOUNT', KEYS[5], since, '+inf'),
   redis.call('HGETALL', KEYS[3])}
+"""
+
+# KEYS: line ; ARGV: prefix scan below_rank stale_ms
+# The highest-class waiting request of a class above `below_rank` that no
+# replica has preempted for yet, among the first `scan` of those: {rid, rank,
+# waited_ms}, or {}. A mark older than `stale_ms` does not count: the replica
+# that made room for the request never claimed anything (it died).
+PEEK = CLOCK + """
+local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. n2s(tonumber(ARGV[3]) * 1e15), 'LIMIT', 0,
+  tonumber(ARGV[2]))
+for _, rid in ipairs(head) do
+  local f = redis.call('HMGET', ARGV[1] .. 'req:' .. rid, 'state', 'pmark', 'rank', 'enq')
+  if f[1] == 'queued' and (not f[2] or f[2] == '' or tonumber(f[2]) < now - tonumber(ARGV[4])) then
+    return {rid, tonumber(f[3]), n2s(now - tonumber(f[4]))}
+  end
+end
+return {}
+"""
+
+# KEYS: line inflight counters bell
+# ARGV: prefix waiter victim victim_owner max_preemptions stale_ms
+# Preempt `victim` (running under `victim_owner`) for `waiter`, atomically and
+# once per waiting call: the waiter is still queued, of a higher class, and no
+# replica has preempted for it within `stale_ms` (it gets `pmark`, the time);
+# the victim is still held by that owner, has streamed nothing and was
+# preempted fewer than max_preemptions times. The victim goes back to the line
+# with its own score (the head of its class, in arrival order) and its lease
+# ends, so the old attempt can no longer stream into it or finish it. Returns
+# 1 if done, else 0.
+PREEMPT = CLOCK + """
+local w = ARGV[1] .. 'req:' .. ARGV[2]
+local wf = redis.call('HMGET', w, 'state', 'pmark', 'rank')
+if wf[1] ~= 'queued' then return 0 end
+if wf[2] and wf[2] ~= '' and tonumber(wf[2]) >= now - tonumber(ARGV[6]) then return 0 end
+local v = ARGV[1] .. 'req:' .. ARGV[3]
+local vf = redis.call('HMGET', v, 'state', 'owner', 'streamed', 'preempted', 'score', 'priority', 'rank')
+if vf[1] ~= 'running' or vf[2] ~= ARGV[4] or vf[3] == '1' then return 0 end
+if tonumber(vf[7]) <= tonumber(wf[3]) then return 0 end
+local n = tonumber(vf[4] or '0')
+if n >= tonumber(ARGV[5]) then return 0 end
+redis.call('HSET', w, 'pmark', n2s(now))
+redis.call('HSET', v, 'state', 'queued', 'owner', '', 'preempted', n + 1)
+redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[1], vf[5], ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'preempted', 1)
+redis.call('HINCRBY', KEYS[3], 'preempted:' .. vf[6], 1)
+redis.call('LPUSH', KEYS[4], 1)
+redis.call('LTRIM', KEYS[4], 0, 63)
+return 1
 """

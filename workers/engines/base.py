@@ -36,6 +36,11 @@ class EngineRequest:
     # Test models with random weights emit EOS at random; callers that need an
     # exact token count (tests, benchmarks) set this.
     ignore_eos: bool = False
+    # The caller reads a stream of tokens; False lets an engine that forwards (openai) ask
+    # its upstream for one whole answer, which costs less than a chunk per token.
+    stream: bool = True
+    # The request's class rank (fleet.config.Priority): a lower number goes first, as in vLLM.
+    priority: int = 0
 
 
 @dataclass(slots=True)

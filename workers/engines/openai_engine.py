@@ -1,9 +1,18 @@
 """The `openai` engine: forward to an existing OpenAI-compatible server.
 
-Streams `/chat/completions` or `/completions` over SSE with
-`stream_options.include_usage`, so token counts are the upstream's own; when
-the upstream sends no usage, completion tokens are the number of content
-chunks and prompt tokens an estimate (characters / 4).
+A streamed call is forwarded streaming: `/chat/completions` or `/completions`
+over SSE with `stream_options.include_usage`, so token counts are the
+upstream's own; when the upstream sends no usage, completion tokens are the
+number of content chunks and prompt tokens an estimate (characters / 4). A
+non-streamed call is forwarded non-streamed (one JSON body to parse instead of
+a chunk per token); the upstream is then silent until it is done, so only the
+request's deadline bounds it, not `silence_timeout_s`.
+
+The hot path: one `aiohttp.ClientSession` per engine (a fraction of httpx's CPU per
+call, which on a small box is what the forwarding path costs), its connections kept
+alive and reused: a stream is read to its end after `[DONE]`, off the caller's path, so
+its connection goes back to the pool rather than being closed. Bodies are encoded and
+decoded with orjson, SSE lines are read as bytes.
 
 Every upstream failure becomes an `EngineError`, never a hang:
     upstream_timeout  connect timeout (code connect_timeout), no byte for
@@ -29,7 +38,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
+import orjson
 
 from fleet.config import OpenAIUpstream
 from workers.engines.base import Delta, EngineError, EngineRequest
@@ -91,36 +101,34 @@ class OpenAIEngine:
         settings: OpenAIUpstream,
         *,
         start_timeout_s: float = 120.0,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self.start_timeout_s = start_timeout_s
         self.cold_start_s: float = 0.0
         self.model: str = settings.model
         self._base = settings.base_url.rstrip("/")
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
+        self._draining: set[asyncio.Task[None]] = set()  # finished streams read to their end
 
     # -- lifecycle --------------------------------------------------------
 
-    def _make_client(self) -> httpx.AsyncClient:
+    def _make_client(self) -> aiohttp.ClientSession:
         s = self.settings
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if s.api_key:
             headers["Authorization"] = f"Bearer {s.api_key}"
-        return httpx.AsyncClient(
+        return aiohttp.ClientSession(
             headers=headers,
-            timeout=httpx.Timeout(
-                connect=s.connect_timeout_s,
-                read=s.silence_timeout_s,
-                write=s.silence_timeout_s,
-                pool=s.connect_timeout_s,
-            ),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # No pool limit: the worker's slots bound the calls in flight. Idle connections
+            # are kept for reuse (they are what makes a call cheap).
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            # sock_read: the silence bound, between any two reads, headers included.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s,
+                                          sock_read=s.silence_timeout_s),
             # A proxy from the environment must not capture a loopback upstream.
             trust_env=not _is_loopback(self._base),
-            transport=self._transport,
+            read_bufsize=1 << 20,  # an SSE line (a chunk with logprobs) may exceed the 64 KiB default
         )
 
     async def start(self) -> None:
@@ -142,17 +150,19 @@ class OpenAIEngine:
             try:
                 # Each attempt is bounded too, so the deadline holds.
                 budget = max(0.1, min(10.0, deadline - time.monotonic()))
-                r = await self._client.get(f"{self._base}/models", timeout=budget)
-                if r.status_code == 200:
+                async with self._client.get(f"{self._base}/models",
+                                            timeout=aiohttp.ClientTimeout(total=budget)) as r:
+                    status, content = r.status, await r.read()
+                if status == 200:
                     if not self.model:
-                        self.model = _first_model(r)
+                        self.model = _first_model(content)
                     return
-                last = f"HTTP {r.status_code}: {_error_message(r.content)}"
-                if r.status_code in (401, 403, 404):
+                last = f"HTTP {status}: {_error_message(content)}"
+                if status in (401, 403, 404):
                     raise EngineError(
-                        f"upstream {self._base} refused GET /models: {last}", "upstream_error", f"http_{r.status_code}"
+                        f"upstream {self._base} refused GET /models: {last}", "upstream_error", f"http_{status}"
                     )
-            except httpx.HTTPError as e:
+            except (aiohttp.ClientError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"
             if time.monotonic() >= deadline:
                 raise EngineError(
@@ -163,13 +173,14 @@ class OpenAIEngine:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     async def stop(self) -> None:
-        for task in list(self._readers.values()):
+        tasks = [*self._readers.values(), *self._draining]
+        for task in tasks:
             task.cancel()
-        if self._readers:
-            await asyncio.gather(*self._readers.values(), return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         client, self._client = self._client, None
         if client is not None:
-            await client.aclose()
+            await client.close()
 
     # -- requests ---------------------------------------------------------
 
@@ -184,9 +195,10 @@ class OpenAIEngine:
             "max_tokens": req.max_tokens,
             "temperature": req.temperature,
             "top_p": req.top_p,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": req.stream,
         }
+        if req.stream:
+            body["stream_options"] = {"include_usage": True}
         if req.stop:
             body["stop"] = list(req.stop)
         if req.seed is not None:
@@ -206,19 +218,22 @@ class OpenAIEngine:
             raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
         path, body = self._body(req)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        reader = asyncio.create_task(self._read(self._client, path, body, queue), name=f"openai-{req.request_id}")
+        read = self._read if req.stream else self._read_whole
+        reader = asyncio.create_task(read(self._client, path, body, queue), name=f"openai-{req.request_id}")
         self._readers[req.request_id] = reader
         chat = req.kind == "chat"
         chunks = 0
         usage: dict[str, Any] | None = None
         finish: str | None = None
         held = ""  # text that arrived with (or after) finish_reason, sent in the final delta
+        done = False
         try:
             while True:
                 # The reader always ends with exactly one of _DONE, _ABORTED or
                 # an EngineError, so this never waits on a dead reader.
                 item = await queue.get()
                 if item is _DONE:
+                    done = True
                     break
                 if item is _ABORTED:
                     return
@@ -242,14 +257,21 @@ class OpenAIEngine:
             prompt_tokens, completion_tokens = self._counts(req, usage, chunks)
             yield Delta(held, prompt_tokens, completion_tokens, "length" if finish == "length" else "stop")
         finally:
-            if not reader.done():
-                reader.cancel()
-            try:
-                # The reader reports through the queue and never raises but
-                # CancelledError; asyncio.wait doesn't re-raise that one.
-                await asyncio.wait({reader})
-            finally:
+            if done and not reader.done():
+                # [DONE] came: the reader reads the rest of the body (the chunked end), so the
+                # connection is reused; bounded by the silence timeout.
                 self._readers.pop(req.request_id, None)
+                self._draining.add(reader)
+                reader.add_done_callback(self._draining.discard)
+            else:
+                if not reader.done():
+                    reader.cancel()
+                try:
+                    # The reader reports through the queue and never raises but
+                    # CancelledError; asyncio.wait doesn't re-raise that one.
+                    await asyncio.wait({reader})
+                finally:
+                    self._readers.pop(req.request_id, None)
 
     @staticmethod
     def _counts(req: EngineRequest, usage: dict[str, Any] | None, chunks: int) -> tuple[int, int]:
@@ -258,73 +280,107 @@ class OpenAIEngine:
         return _estimate_tokens(req), chunks
 
     async def _read(
-        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], queue: asyncio.Queue[Any]
+        self, client: aiohttp.ClientSession, path: str, body: dict[str, Any], queue: asyncio.Queue[Any]
     ) -> None:
         """Stream one request's SSE events into `queue`; errors become EngineErrors."""
         url = f"{self._base}{path}"
         try:
-            async with client.stream("POST", url, json=body) as r:
-                if r.status_code >= 400:
-                    msg = _error_message(await r.aread())
-                    type_ = "invalid_request_error" if r.status_code in _CLIENT_FAULT else "upstream_error"
-                    raise EngineError(f"upstream returned HTTP {r.status_code}: {msg}", type_, f"http_{r.status_code}")
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
+            async with client.post(url, data=orjson.dumps(body)) as r:
+                if r.status >= 400:
+                    _raise_for_status(r.status, await r.read())
+                done = False
+                async for line in r.content:
+                    # After [DONE], read on to the body's end: the connection then goes back to the pool.
+                    if done or not line.startswith(b"data:"):
                         continue  # blank separators, comments, event: lines
                     data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
                         queue.put_nowait(_DONE)
-                        return
+                        done = True
+                        continue
                     try:
-                        event = json.loads(data)
+                        event = orjson.loads(data)
                     except ValueError:
                         raise EngineError(
-                            f"upstream sent malformed data: {data[:200]}", "upstream_error", "bad_response"
+                            f"upstream sent malformed data: {data[:200]!r}", "upstream_error", "bad_response"
                         ) from None
                     if not isinstance(event, dict):
                         raise EngineError(
-                            f"upstream sent malformed data: {data[:200]}", "upstream_error", "bad_response"
+                            f"upstream sent malformed data: {data[:200]!r}", "upstream_error", "bad_response"
                         )
                     if "error" in event:
                         raise EngineError(
-                            f"upstream error: {_error_message(data.encode())}", "upstream_error", "stream_error"
+                            f"upstream error: {_error_message(data)}", "upstream_error", "stream_error"
                         )
                     queue.put_nowait(event)
-            # Stream ended without [DONE]: what arrived still counts if it finished.
+            if not done:  # Stream ended without [DONE]: what arrived still counts if it finished.
+                queue.put_nowait(_DONE)
+        except BaseException as e:
+            _report(e, queue, url, self.settings.silence_timeout_s)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+
+    async def _read_whole(
+        self, client: aiohttp.ClientSession, path: str, body: dict[str, Any], queue: asyncio.Queue[Any]
+    ) -> None:
+        """One non-streamed call: its answer as one chunk-shaped event, then _DONE."""
+        url = f"{self._base}{path}"
+        try:
+            # No silence timeout: a non-streamed upstream says nothing until it is done;
+            # the worker's deadline bounds the call.
+            no_silence = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
+            async with client.post(url, data=orjson.dumps(body), timeout=no_silence) as r:
+                status, content = r.status, await r.read()
+            if status >= 400:
+                _raise_for_status(status, content)
+            try:
+                data = orjson.loads(content)
+                choice = data["choices"][0]
+                text = choice["message"].get("content") if "message" in choice else choice.get("text")
+                event = {"choices": [{"delta": {"content": text or ""}, "text": text or "",
+                                      "finish_reason": choice.get("finish_reason") or "stop"}],
+                         "usage": data.get("usage")}
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                raise EngineError(f"upstream sent a malformed answer: {content[:200]!r}", "upstream_error",
+                                  "bad_response") from None
+            queue.put_nowait(event)
             queue.put_nowait(_DONE)
-        except EngineError as e:
-            queue.put_nowait(e)
-        except httpx.ConnectTimeout as e:
-            queue.put_nowait(EngineError(f"connecting to {url} timed out: {e}", "upstream_timeout", "connect_timeout"))
-        except httpx.ConnectError as e:
-            queue.put_nowait(EngineError(f"cannot connect to {url}: {e}", "upstream_error", "connect_failed"))
-        except httpx.PoolTimeout as e:
-            queue.put_nowait(
-                EngineError(f"no connection to {url} available: {e}", "upstream_timeout", "connect_timeout")
-            )
-        except httpx.ReadTimeout:
-            queue.put_nowait(
-                EngineError(
-                    f"upstream {url} was silent for {self.settings.silence_timeout_s:g}s",
-                    "upstream_timeout",
-                    "silence_timeout",
-                )
-            )
-        except httpx.TimeoutException as e:
-            queue.put_nowait(EngineError(f"upstream {url} timed out: {e!r}", "upstream_timeout", "timeout"))
-        except httpx.HTTPError as e:
-            queue.put_nowait(EngineError(f"upstream {url} failed: {e!r}", "upstream_error", "connection_lost"))
-        except asyncio.CancelledError:
-            queue.put_nowait(_ABORTED)
-            raise
-        except Exception as e:  # never leave the consumer waiting
-            queue.put_nowait(EngineError(f"forwarding to {url} failed: {e!r}", "upstream_error"))
+        except BaseException as e:
+            _report(e, queue, url, self.settings.silence_timeout_s)
+            if isinstance(e, asyncio.CancelledError):
+                raise
 
 
-def _first_model(r: httpx.Response) -> str:
+def _raise_for_status(status: int, body: bytes) -> None:
+    type_ = "invalid_request_error" if status in _CLIENT_FAULT else "upstream_error"
+    raise EngineError(f"upstream returned HTTP {status}: {_error_message(body)}", type_, f"http_{status}")
+
+
+def _report(e: BaseException, queue: asyncio.Queue[Any], url: str, silence_s: float) -> None:
+    """Put the reader's end in the queue as the consumer expects it: exactly one of
+    _ABORTED (cancelled) or a typed EngineError; never leave the consumer waiting."""
+    if isinstance(e, asyncio.CancelledError):
+        queue.put_nowait(_ABORTED)
+    elif isinstance(e, EngineError):
+        queue.put_nowait(e)
+    elif isinstance(e, aiohttp.ConnectionTimeoutError):
+        queue.put_nowait(EngineError(f"connecting to {url} timed out: {e}", "upstream_timeout", "connect_timeout"))
+    elif isinstance(e, aiohttp.SocketTimeoutError):
+        queue.put_nowait(EngineError(f"upstream {url} was silent for {silence_s:g}s", "upstream_timeout",
+                                     "silence_timeout"))
+    elif isinstance(e, TimeoutError):
+        queue.put_nowait(EngineError(f"upstream {url} timed out: {e!r}", "upstream_timeout", "timeout"))
+    elif isinstance(e, aiohttp.ClientConnectorError):
+        queue.put_nowait(EngineError(f"cannot connect to {url}: {e}", "upstream_error", "connect_failed"))
+    elif isinstance(e, aiohttp.ClientError):
+        queue.put_nowait(EngineError(f"upstream {url} failed: {e!r}", "upstream_error", "connection_lost"))
+    else:
+        queue.put_nowait(EngineError(f"forwarding to {url} failed: {e!r}", "upstream_error"))
+
+
+def _first_model(content: bytes) -> str:
     try:
-        data = r.json()["data"]
-        return str(data[0]["id"])
+        return str(orjson.loads(content)["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise EngineError(
             "openai.model is not set and the upstream lists no models", "engine_config_error", "missing_model"

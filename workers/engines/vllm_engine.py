@@ -123,6 +123,10 @@ class VllmEngine:
             enforce_eager=s.enforce_eager,
             disable_log_stats=True,
             enable_log_requests=False,
+            # Each request's priority is its class (EngineRequest.priority): when a slot frees, or
+            # KV runs short, vLLM serves committed work first. It never evicts a running request
+            # for a waiting one on its own; the worker preempts through `abort` (docs/preemption.md).
+            scheduling_policy="priority",
         )
         # Building blocks for 12-25 s (weights, engine-core process, KV cache):
         # do it on a thread so the worker's loop keeps its heartbeats going.
@@ -224,7 +228,7 @@ class VllmEngine:
                 raise EngineError(str(e), "invalid_request_error") from e
             if req.request_id in self._aborted:
                 return
-            stream = engine.generate(engine_input, params, req.request_id)
+            stream = engine.generate(engine_input, params, req.request_id, priority=req.priority)
             completion_tokens = 0
             async for out in stream:
                 o = out.outputs[0]

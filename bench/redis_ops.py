@@ -1,0 +1,175 @@
+"""What one call costs Redis, the gateway and the worker: the figures of docs/scale-out.md.
+
+Runs a gateway and a worker (sim engine, zero latency) against a private
+redis-server, sends N non-streaming calls (and N streaming ones), and reads
+from before to after each run:
+
+- Redis's INFO commandstats: commands per call, by command (a Lua script is
+  one EVALSHA; the commands it runs inside are counted under their own names
+  too, so both are shown);
+- Redis's INFO cpu: Redis CPU seconds per call, so calls/s one shard (one
+  single-threaded redis-server) can carry = 1 / that;
+- the gateway's and the worker's CPU seconds (/proc/PID/stat): calls/s one
+  gateway core can carry = 1 / gateway CPU per call.
+
+    .venv/bin/python bench/redis_ops.py [--calls 2000] [--concurrency 32] [--tokens 16] [--cluster]
+
+--cluster runs the same on a private Redis Cluster (3 masters + 3 replicas,
+`redis+cluster://`), summing every master's figures and showing how the
+Redis CPU spread over the shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
+
+ZERO_FLEET = """
+namespace: bench
+heartbeat_s: 1.0
+tiers:
+  routing:
+    warm_floor: 1
+    max_replicas: 1
+    slots: 128
+    sim:
+      weights_gb: 0
+      load_gb_s: 1
+      warmup_s: 0
+      prefill_tokens_per_s: 1.0e12
+      decode_step: {base_s: 0, per_seq_s: 0}
+      kv_capacity_tokens: 10000000
+"""
+
+# Commands Lua scripts run inside; shown apart from what the parts send themselves.
+IN_SCRIPTS = {"time", "incr", "hset", "hmget", "hget", "pexpire", "expire", "zadd", "zrem", "zpopmin", "lpush",
+              "ltrim", "hincrby", "zremrangebyscore", "zcount", "zrangebyscore", "zcard", "hgetall", "xadd",
+              "publish", "hsetnx", "hdel", "get", "set"}
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def commandstats(nodes: list[redis.Redis]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in nodes:
+        for k, v in r.info("commandstats").items():
+            out[k.removeprefix("cmdstat_")] = out.get(k.removeprefix("cmdstat_"), 0) + int(v["calls"])
+    return out
+
+
+def redis_cpu(nodes: list[redis.Redis]) -> list[float]:
+    """CPU seconds of each node."""
+    return [float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in (r.info("cpu") for r in nodes)]
+
+
+async def load(url: str, calls: int, concurrency: int, tokens: int, stream: bool) -> float:
+    body = orjson.dumps({"model": "routing", "messages": [{"role": "user", "content": "classify this"}],
+                         "max_tokens": tokens, "stream": stream})
+    left = calls
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as c:
+        async def user() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with c.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+                    data = await resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"{resp.status}: {data[:200]!r}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        return time.perf_counter() - t0
+
+
+def measure(r: list[redis.Redis], gw: int, wk: int, url: str, calls: int, conc: int, tokens: int,
+            stream: bool) -> None:
+    s0, n0, g0, w0 = commandstats(r), redis_cpu(r), cpu_s(gw), cpu_s(wk)
+    wall = asyncio.run(load(url, calls, conc, tokens, stream))
+    s1, n1, g1, w1 = commandstats(r), redis_cpu(r), cpu_s(gw), cpu_s(wk)
+    c0, c1 = sum(n0), sum(n1)
+    d = {k: (v - s0.get(k, 0)) / calls for k, v in s1.items() if v - s0.get(k, 0) > 0}
+    sent = {k: v for k, v in d.items() if k not in IN_SCRIPTS and k not in ("info",)}
+    inner = {k: v for k, v in d.items() if k in IN_SCRIPTS}
+    redis_ms, gw_ms, wk_ms = (c1 - c0) / calls * 1e3, (g1 - g0) / calls * 1e3, (w1 - w0) / calls * 1e3
+    print(f"\n{'streaming' if stream else 'non-streaming'} calls: {calls} at concurrency {conc}, {tokens} tokens, "
+          f"{calls / wall:.0f} calls/s on this box")
+    print(f"  commands the parts send, per call: {sum(sent.values()):.1f}  "
+          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(sent.items(), key=lambda kv: -kv[1])))
+    print(f"  commands run inside scripts, per call: {sum(inner.values()):.1f}  "
+          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(inner.items(), key=lambda kv: -kv[1])))
+    print(f"  CPU per call: Redis {redis_ms:.3f} ms, gateway {gw_ms:.3f} ms, worker {wk_ms:.3f} ms")
+    if len(r) > 1:
+        share = [(b - a) / max(c1 - c0, 1e-9) for a, b in zip(n0, n1, strict=True)]
+        print("  Redis CPU by shard: " + ", ".join(f"{s:.0%}" for s in share)
+              + " (a tier's keys share one slot, so one tier's line lives on one shard)")
+    print(f"  => one Redis shard (one core) carries ~{1e3 / redis_ms:.0f} calls/s; "
+          f"one gateway core ~{1e3 / gw_ms:.0f} calls/s; one worker process (sim, no model) ~{1e3 / wk_ms:.0f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--cluster", action="store_true", help="on a private Redis Cluster instead of one server")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # (timeout's SIGTERM) still stop what was started
+    if args.cluster:
+        from tests.cluster_harness import PrivateCluster
+
+        server: PrivateRedis | PrivateCluster = PrivateCluster().start()
+        nodes = [n.client() for n in server.nodes if server.roles().get(n.port) == "master"]
+    else:
+        server = PrivateRedis().start()
+        nodes = [redis.Redis.from_url(server.url)]
+    cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
+    cfg.write_text(ZERO_FLEET)
+    env = {**os.environ, "REDIS_URL": server.url, "FLEET_CONFIG": str(cfg)}
+    port = free_port()
+    gw = subprocess.Popen([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port)], env=env, cwd=ROOT)
+    wk = subprocess.Popen([sys.executable, "-m", "fleetctl", "worker", "--tier", "routing"], env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    try:
+        end = time.monotonic() + 60
+        while True:
+            try:
+                asyncio.run(load(url, 50, 4, args.tokens, False))  # warm-up, and the parts are ready
+                break
+            except (aiohttp.ClientError, RuntimeError):
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.3)
+        # Idle cost (heartbeats, the gateway's views) over the run is included: it is what a
+        # deployment pays too, and at these rates it is small beside the calls.
+        measure(nodes, gw.pid, wk.pid, url, args.calls, args.concurrency, args.tokens, stream=False)
+        measure(nodes, gw.pid, wk.pid, url, args.calls, args.concurrency, args.tokens, stream=True)
+    finally:
+        for p in (gw, wk):
+            p.terminate()
+        for p in (gw, wk):
+            p.wait(30)
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The priority classes, and the settings given per class: `preemption:` of a tier.
+
+Kept apart from `fleet.config` (which imports and re-exports all of it) so the
+config module stays small; nothing here imports another fleet module.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Priority(IntEnum):
+    """Priority classes; a lower value is served first and shed last."""
+
+    committed = 0
+    interactive = 1
+    speculative = 2
+    background = 3
+
+    @classmethod
+    def parse(cls, name: str) -> Priority:
+        return cls[name.strip().lower()]
+
+
+CLASSES: tuple[str, ...] = tuple(p.name for p in Priority)
+
+
+def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
+    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
+    for name, value in v.items():
+        if name not in CLASSES:
+            raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
+        if value <= 0:
+            raise ValueError(f"{what} for {name!r} must be > 0")
+    return v
+
+
+class Preemption(BaseModel):
+    """Higher classes taking a full tier's slots from lower ones (`fleet.policy.preemption`, docs/preemption.md)."""
+
+    model_config = ConfigDict(extra="forbid")  # as every config section: a typo is named, not ignored
+
+    enabled: bool = False
+    max_preemptions: int = Field(1, ge=0)  # per request; after that it runs to the end, so nothing starves
+    min_wait_ms: int = Field(10, ge=0)  # a waiter this young may still be claimed by a replica with a free slot
+    poll_ms: int = Field(20, gt=0)  # how often a full replica looks for a higher class waiting
+    reserved_slots: dict[str, int] = Field(default_factory=dict)  # per replica, kept for this class and above
+
+    @field_validator("reserved_slots")
+    @classmethod
+    def _known(cls, v: dict[str, int]) -> dict[str, int]:
+        return {k: int(n) for k, n in per_class_positive(v, "reserved slots").items()}  # type: ignore[arg-type]

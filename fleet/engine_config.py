@@ -1,0 +1,79 @@
+"""Engine settings of a tier: the sim engine's latency profile, the capacity the policy plans
+with, vLLM's limits and the `openai` engine's upstream. Split from `fleet.config` by concern;
+`fleet.config` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos far more often than intent: refuse them by name.
+    model_config = ConfigDict(extra="forbid")
+
+
+class DecodeStep(_Strict):
+    """Decode step time of a batch: base + per_seq * batch size (seconds)."""
+
+    base_s: float = Field(0.010, ge=0)
+    per_seq_s: float = Field(0.0005, ge=0)
+
+
+class SimProfile(_Strict):
+    """A calibrated GPU latency model for the `sim` engine and the simulator."""
+
+    weights_gb: float = Field(2.0, ge=0)
+    load_gb_s: float = Field(2.0, gt=0)
+    warmup_s: float = Field(1.0, ge=0)
+    prefill_tokens_per_s: float = Field(20000.0, gt=0)
+    decode_step: DecodeStep = Field(default_factory=DecodeStep)
+    kv_capacity_tokens: int = Field(65536, gt=0)
+    # Typical request shape, used to turn the latency model into a service rate
+    # before a tier has completed anything (no history yet, no infinity either).
+    typical_prompt_tokens: int = Field(200, gt=0)
+    typical_output_tokens: int = Field(100, gt=0)
+
+
+class CapacityProfile(_Strict):
+    """What admission and scaling assume one replica of the tier does (`fleet.policy.tier_capacity`).
+
+    Not how an engine behaves (that is `sim:` for the sim engine, and the real
+    engine's own for vllm and openai): what the policy plans with. The scaler
+    calibrates it at run time from what replicas measure (start-up, throughput
+    when every slot is busy) and publishes the result for the gateways. Any
+    field left out is taken from the tier's `sim:` profile, so a config without
+    `capacity:` plans exactly as it did before the two were told apart.
+    """
+
+    startup_s: float | None = Field(None, ge=0)  # launch to serving; default: sim weights / load speed + warm-up
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
+    decode_step: DecodeStep | None = None
+    kv_capacity_tokens: int | None = Field(None, gt=0)
+    typical_prompt_tokens: int | None = Field(None, gt=0)
+    typical_output_tokens: int | None = Field(None, gt=0)
+
+
+class VllmSettings(_Strict):
+    """Engine limits for the `vllm` engine, passed to vLLM's engine args."""
+
+    model: str = ""
+    tokenizer: str | None = None
+    max_num_seqs: int = Field(16, gt=0)
+    max_model_len: int = Field(2048, gt=0)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, gt=0)
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    warmup_tokens: int = Field(4, ge=0)
+
+
+class OpenAIUpstream(_Strict):
+    """Forwarding target for the `openai` engine."""
+
+    base_url: str = "http://127.0.0.1:8001/v1"
+    model: str = ""
+    api_key: str = "none"
+    connect_timeout_s: float = Field(5.0, gt=0)
+    silence_timeout_s: float = Field(60.0, gt=0)

@@ -1,0 +1,129 @@
+"""The model registry over HTTP, under /v1/fleet/models (admin keys only).
+
+GET  /v1/fleet/models                     every tier's record
+GET  /v1/fleet/models/{tier}              one tier's record
+GET  /v1/fleet/models/{tier}/history      its changes, oldest first (?limit=N, at most 1000)
+POST /v1/fleet/models/{tier}/promote      {"version", "canary"?, "why"?}
+POST /v1/fleet/models/{tier}/rollback     {"to"?, "why"?}
+
+The record is `fleet.store.model_registry`'s; the scaler carries a change out
+at its next tick (a rollout, one replica at a time). A refused change is a
+typed error: 404 for an unknown tier or version, 409 for one that cannot be
+made now (already live, nothing to roll back to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.store.keys import TierKeys
+from fleet.store.model_registry import (
+    ModelRecord,
+    RegistryError,
+    ensure_seeded,
+    promote,
+    read_history,
+    read_record,
+    rollback,
+)
+from gateway.auth import Caller, require_admin
+from gateway.errors import APIError
+from gateway.request import read_body, validate
+
+router = APIRouter()
+
+MAX_BODY = 4096
+
+
+class PromoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: str = Field(min_length=1, max_length=64)
+    canary: int | None = Field(None, ge=1, description="Replicas kept on the new version until it is judged.")
+    why: str = Field("", max_length=500)
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    to: str | None = Field(None, min_length=1, max_length=64, description="Default: the previous known-good.")
+    why: str = Field("", max_length=500)
+
+
+def _json(doc: Any) -> Response:
+    return Response(orjson.dumps(doc), media_type="application/json")
+
+
+def _tier(gw: Any, name: str) -> str:
+    tier = gw.cfg.resolve_model(name)
+    if tier is None:
+        raise APIError(404, f"tier {name!r} does not exist; GET /v1/models lists the tiers", param="tier",
+                       code="model_not_found")
+    return tier
+
+
+async def _record(gw: Any, tier: str) -> ModelRecord:
+    """The tier's record; the config seeds it if nothing has yet (a gateway started before any scaler)."""
+    k = TierKeys(gw.cfg.namespace, tier)
+    return await read_record(gw.redis, k) or await ensure_seeded(gw.redis, k, gw.cfg.tiers[tier])
+
+
+def _refused(e: RegistryError, param: str) -> APIError:
+    return APIError(e.status, str(e), code=e.code, param=param)
+
+
+@router.get("/v1/fleet/models")
+async def list_models(request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
+    gw: Any = request.app.state.gw
+    return _json({"object": "list", "data": [{"object": "fleet.model_record", **(await _record(gw, t)).public()}
+                                             for t in gw.cfg.tiers]})
+
+
+@router.get("/v1/fleet/models/{tier}")
+async def show_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
+    gw: Any = request.app.state.gw
+    return _json({"object": "fleet.model_record", **(await _record(gw, _tier(gw, tier))).public()})
+
+
+@router.get("/v1/fleet/models/{tier}/history")
+async def model_history(tier: str, request: Request, limit: int = Query(50, ge=1, le=1000),
+                        caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
+    gw: Any = request.app.state.gw
+    t = _tier(gw, tier)
+    await _record(gw, t)
+    entries = await read_history(gw.redis, TierKeys(gw.cfg.namespace, t), limit)
+    return _json({"object": "list", "tier": t, "data": [asdict(e) for e in entries]})
+
+
+@router.post("/v1/fleet/models/{tier}/promote")
+async def promote_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
+    gw: Any = request.app.state.gw
+    body: PromoteBody = validate(PromoteBody, await read_body(request, MAX_BODY))
+    t = _tier(gw, tier)
+    await _record(gw, t)
+    try:
+        rec = await promote(gw.redis, TierKeys(gw.cfg.namespace, t), body.version, by=caller.name, why=body.why,
+                            canary=body.canary)
+    except RegistryError as e:
+        raise _refused(e, "version") from None
+    return _json({"object": "fleet.model_record", **rec.public()})
+
+
+@router.post("/v1/fleet/models/{tier}/rollback")
+async def rollback_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
+    gw: Any = request.app.state.gw
+    body: RollbackBody = validate(RollbackBody, await read_body(request, MAX_BODY))
+    t = _tier(gw, tier)
+    await _record(gw, t)
+    try:
+        rec = await rollback(gw.redis, TierKeys(gw.cfg.namespace, t), by=caller.name, why=body.why, to=body.to)
+    except RegistryError as e:
+        raise _refused(e, "to") from None
+    assert rec is not None  # only an automatic rollback (of_rollout) can find nothing to do
+    return _json({"object": "fleet.model_record", **rec.public()})

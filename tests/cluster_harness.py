@@ -1,0 +1,144 @@
+"""A real Redis Cluster for the tests: 3 masters + 3 replicas of `redis-server
+--cluster-enabled yes` on free loopback ports, joined by `redis-cli --cluster create`.
+Nothing is kept on disk; everything it starts, it stops."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from fleet.redis_server import NoRedis, free_port
+
+NODE_TIMEOUT_MS = 1500  # how long a silent master lasts before its replica takes over
+
+
+@dataclass
+class ClusterNodeProc:
+    port: int
+    bus_port: int
+    proc: subprocess.Popen[bytes]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=1)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class PrivateCluster:
+    masters: int = 3
+    replicas: int = 1
+    nodes: list[ClusterNodeProc] = field(default_factory=list)
+    dir: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self, timeout: float = 60.0) -> PrivateCluster:
+        exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if not exe or not cli:
+            raise NoRedis("redis-server and redis-cli are needed for the cluster tests")
+        self.dir = tempfile.mkdtemp(prefix="fleet-cluster-")
+        for i in range(self.masters * (1 + self.replicas)):
+            port, bus = free_port(), free_port()
+            proc = subprocess.Popen(
+                [exe, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
+                 "--cluster-enabled", "yes", "--cluster-config-file", f"{self.dir}/nodes-{i}.conf",
+                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no",
+                 "--dir", self.dir, "--maxclients", "10000"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.nodes.append(ClusterNodeProc(port, bus, proc))
+        end = time.monotonic() + timeout
+        for n in self.nodes:
+            while not self._pings(n):
+                if time.monotonic() > end or not n.alive():
+                    self.stop()
+                    raise NoRedis(f"cluster node on port {n.port} did not start")
+                time.sleep(0.05)
+        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                       check=True, capture_output=True, timeout=timeout)
+        while not self.healthy():
+            if time.monotonic() > end:
+                self.stop()
+                raise NoRedis("the cluster did not reach cluster_state:ok with every replica in sync")
+            time.sleep(0.1)
+        return self
+
+    @staticmethod
+    def _pings(n: ClusterNodeProc) -> bool:
+        try:
+            return bool(n.client().ping())
+        except redis.RedisError:
+            return False
+
+    def roles(self) -> dict[int, str]:
+        """port -> "master" / "slave" as each live node sees itself."""
+        out = {}
+        for n in self.nodes:
+            if n.alive():
+                with contextlib.suppress(redis.RedisError):
+                    out[n.port] = n.client().info("replication")["role"]
+        return out
+
+    def healthy(self) -> bool:
+        """Every live node reports cluster_state:ok and every replica's link is up."""
+        try:
+            for n in self.nodes:
+                if not n.alive():
+                    continue
+                c = n.client()
+                if c.cluster("info").get("cluster_state") != "ok":
+                    return False
+                rep = c.info("replication")
+                if rep["role"] == "slave" and rep.get("master_link_status") != "up":
+                    return False
+            masters = [p for p, role in self.roles().items() if role == "master"]
+            return len(masters) == self.masters
+        except redis.RedisError:
+            return False
+
+    def master_of(self, key: str) -> ClusterNodeProc:
+        slot = self.nodes[0].client().cluster("keyslot", key)
+        for n in self.nodes:
+            if n.alive() and self.roles().get(n.port) == "master":
+                for lo, hi, *_ in _slot_ranges(n):
+                    if lo <= slot <= hi:
+                        return n
+        raise LookupError(f"no master serves slot {slot}")
+
+    def kill(self, node: ClusterNodeProc) -> None:
+        node.proc.kill()
+        node.proc.wait(10)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            if n.alive():
+                n.proc.terminate()
+        for n in self.nodes:
+            try:
+                n.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                n.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _slot_ranges(n: ClusterNodeProc) -> list[tuple[int, int]]:
+    """The slot ranges node `n` serves as master (from its own CLUSTER SHARDS view)."""
+    me = n.client().cluster("myid")
+    me = me.decode() if isinstance(me, bytes) else me
+    out = []
+    for row in n.client().execute_command("CLUSTER", "SLOTS"):
+        lo, hi, master = row[0], row[1], row[2]
+        nid = master[2].decode() if isinstance(master[2], bytes) else master[2]
+        if nid == me:
+            out.append((int(lo), int(hi)))
+    return out

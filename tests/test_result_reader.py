@@ -1,0 +1,93 @@
+"""The gateway's one result reader on a real Redis: every open call gets its own events, in
+order; a call that starts watching while the read is blocked is not kept waiting for the
+block; connections stay bounded however many calls are open; a deadline wait ends on time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from fleet.store.connection import connect
+from fleet.store.line import Line
+from gateway.result_reader import ResultReader
+
+
+@pytest.fixture
+async def setup(redis_url: str):
+    name = f"rr{uuid.uuid4().hex[:8]}"
+    calls = connect(redis_url, "calls", max_connections=4, wait_for_connection_s=5, name=f"{name}:calls")
+    blocking = connect(redis_url, "blocking", max_connections=2, wait_for_connection_s=5, name=f"{name}:blocking")
+    line = Line(calls, name, "routing", result_ttl_s=30, rate_window_s=5, blocking=blocking)
+    reader = ResultReader()
+    yield line, reader, calls, name
+    await reader.stop()
+    await calls.aclose()
+    await blocking.aclose()
+
+
+async def write(r: Redis, line: Line, rid: str, *events: dict[str, object]) -> None:
+    for ev in events:
+        await r.xadd(line.keys.result(rid), {"e": orjson.dumps(ev)})
+
+
+async def connections(r: Redis, name: str) -> int:
+    clients = await r.client_list()
+    return sum(1 for c in clients if str(c.get("name", "")).startswith(name))
+
+
+async def test_many_open_calls_share_one_blocking_connection(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
+    line, reader, _, name = setup
+    rids = [uuid.uuid4().hex for _ in range(300)]
+    watches = [reader.watch(line, rid) for rid in rids]
+    assert reader.open_calls == 300
+    writer = Redis.from_url(redis_url)
+    try:
+        for i, rid in enumerate(rids):  # out of order across calls, in order within one
+            await write(writer, line, rid, {"t": "tok", "x": f"{i}a"}, {"t": "tok", "x": f"{i}b"})
+        for i, rid in enumerate(reversed(rids)):
+            await write(writer, line, rid, {"t": "done", "x": str(len(rids) - 1 - i)})
+        for i, w in enumerate(watches):
+            got = [await w.next(10.0) for _ in range(3)]
+            assert [e["x"] for e in got] == [f"{i}a", f"{i}b", str(i)]  # type: ignore[index]
+            w.close()
+        assert reader.open_calls == 0
+        # 300 calls were open: one blocking connection read for all of them.
+        assert await connections(writer, f"{name}:blocking") <= 2
+        assert await connections(writer, f"{name}:calls") <= 4
+    finally:
+        await writer.aclose()
+
+
+async def test_a_call_that_joins_during_a_blocked_read_is_not_kept_waiting(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
+    line, reader, _, _ = setup
+    first = reader.watch(line, uuid.uuid4().hex)  # the reader now blocks (up to 5 s) on this one
+    writer = Redis.from_url(redis_url)
+    try:
+        for _ in range(5):
+            await asyncio.sleep(0.05)  # let the XREAD be sent and block
+            rid = uuid.uuid4().hex
+            late = reader.watch(line, rid)
+            await write(writer, line, rid, {"t": "done", "x": "late"})
+            t0 = time.monotonic()
+            ev = await late.next(4.0)
+            assert ev == {"t": "done", "x": "late"}
+            assert time.monotonic() - t0 < 2.0  # rung awake: not the 5 s block
+            late.close()
+        assert await first.next(0.01) is None  # nothing for it, and it waited no longer than asked
+    finally:
+        first.close()
+        await writer.aclose()
+
+
+async def test_a_wait_ends_at_its_timeout(setup) -> None:  # type: ignore[no-untyped-def]
+    line, reader, _, _ = setup
+    w = reader.watch(line, uuid.uuid4().hex)
+    t0 = time.monotonic()
+    assert await w.next(0.3) is None
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    w.close()
