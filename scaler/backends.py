@@ -22,7 +22,7 @@ import orjson
 from fleet import __version__
 from scaler.placement import cuda_visible_devices
 
-LABEL = "fleet.replica"  # Docker label prefix: fleet.replica.namespace, .tier, .id, .version (the model's), .software, .image, .gpus
+LABEL = "fleet.replica"  # label prefix: .namespace, .tier, .id, .version (model), .software, .image, .gpus
 
 
 @dataclass
