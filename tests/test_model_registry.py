@@ -53,7 +53,7 @@ def test_the_config_seeds_the_registry_once_and_afterwards_the_registry_is_the_t
         assert rec.versions["v1"].sim["decode_step"] == {"base_s": 0.05, "per_seq_s": 0.0}
         assert rec.versions["v2"].sim["decode_step"] == {"base_s": 0.03, "per_seq_s": 0.0}
         assert rec.versions["v2"].sim["warmup_s"] == 0.3 and rec.versions["v2"].sim["weights_gb"] == 1.0
-        assert tier_at_version(cfg.tiers[TIER], rec.versions["v3"]).sim.prefill_tokens_per_s == 20
+        assert tier_at_version(cfg.tiers[TIER], rec.versions["v3"]).sim.prefill_tokens_per_s == 4
 
         await promote(r, k, "v2", by="ops", why="faster decode")
         # A restart with the same config (or one naming another version as its own) changes nothing live.
