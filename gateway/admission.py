@@ -49,6 +49,7 @@ from fleet.store.capacity import read_calibration
 from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
+from fleet.tasks import cancel_and_wait
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
 from gateway.redis_loss import spawn
@@ -96,9 +97,7 @@ class Admission:
         self._task = asyncio.create_task(self._refresh_forever())
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)  # not a lone cancel(): one lost in a Redis call hangs the exit
 
     async def refresh(self) -> None:
         """Each tier's replicas, and its capacity as the scaler calibrated it; with no scaler

@@ -29,6 +29,7 @@ from fleet.policy import default_max_tokens
 from fleet.store.connection import Clients
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
+from fleet.tasks import cancel_and_wait
 from gateway.admission import Admission, AdmissionRequest, Ticket, estimate_prompt_tokens, outcome_of
 from gateway.answers import final_body, sse, usage_of
 from gateway.auth import KeyRing, authenticate, require_status_reader
@@ -128,8 +129,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
         finally:
             await gw.admission.stop()
             await gw.results.stop()
-            reaper.cancel()
-            await asyncio.gather(reaper, return_exceptions=True)
+            await cancel_and_wait(reaper)  # a lone cancel() can be lost in a Redis call (fleet/tasks.py)
             await clients.aclose()
 
     app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.line import Line
+from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,4 @@ class ResultReader:
 
     async def stop(self) -> None:
         tasks = [t.task for t in self._tiers.values() if t.task is not None] + list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)  # not a lone cancel(): one lost in a Redis call hangs the exit

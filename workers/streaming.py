@@ -24,6 +24,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from fleet.store.line import Line
+from fleet.tasks import cancel_and_wait
 
 WINDOW_S = 0.02  # 20 ms: below what a reader notices, a few decode steps of a busy engine
 BUSY_STREAMS = 16  # more open streams than this on a replica: batch their writes by the window
@@ -90,9 +91,7 @@ class StreamWriter:
         self._streams.pop(lease, None)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)  # its writes go to Redis, where a cancel can be lost
 
     async def _write_loop(self) -> None:
         """Write every stream's buffered text in one round trip, then, on a busy replica, let the

@@ -29,6 +29,7 @@ from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
 from fleet.store.version_outcomes import record_outcome
+from fleet.tasks import cancel_and_wait
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.streaming import LeaseLost, StreamWriter
@@ -97,11 +98,9 @@ class Worker:
                 if self.active:
                     await asyncio.gather(*self.active.values(), return_exceptions=True)
             finally:
-                cancels.cancel()
-                await asyncio.gather(cancels, return_exceptions=True)
+                await cancel_and_wait(cancels)  # not a lone cancel(): one lost in a Redis call hangs the exit
         finally:
-            hb.cancel()
-            await asyncio.gather(hb, return_exceptions=True)
+            await cancel_and_wait(hb)
             with contextlib.suppress(Exception):  # the last seconds cost too; then nothing more for this id
                 await self.ledger.accrue(self.replica_id, self.state, self.started_at, final=True)
             await self.streams.stop()

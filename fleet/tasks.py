@@ -1,0 +1,28 @@
+"""Stopping background tasks for sure, even when a cancellation is lost.
+
+A task's cancellation can be swallowed inside a Redis call: redis-py reads each reply
+under `asyncio.timeout` (the client's socket timeout), and on Python 3.11 a cancel that
+lands as that read ends is lost, so the task goes on as if it had never been cancelled.
+A loop that awaits Redis (a heartbeat, a reaper, a listener) then runs for ever, and
+whoever cancels it once and awaits it waits for ever too: a drained replica that never
+exits and keeps beating. `cancel_and_wait` cancels again until the task has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+RECANCEL_S = 1.0  # a task still running this long after a cancel lost it: cancel it again
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None, recancel_s: float = RECANCEL_S) -> None:
+    """Cancel `tasks` (None: skipped) and return once every one has ended, cancelling again,
+    every `recancel_s`, any that went on. Their exceptions are retrieved, not raised."""
+    mine = [t for t in tasks if t is not None]
+    pending = {t for t in mine if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=recancel_s)
+    await asyncio.gather(*mine, return_exceptions=True)  # all done: marks their exceptions retrieved
