@@ -25,14 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_CONFIG = Path(__file__).resolve().parent / "fleet-test.yaml"
 
 
-def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what="condition", why=None):  # type: ignore[no-untyped-def]
+    """Poll `pred` until true; on timeout fail naming `what`, and what `why()` (when given) says of
+    the state then, so a failure shows what was wrong, not only that it was."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         v = pred()
         if v:
             return v
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {why()}" if why else ""))
 
 
 @dataclass

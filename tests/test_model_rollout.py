@@ -157,7 +157,7 @@ def test_promote_under_load_replaces_every_replica_then_rollback_brings_them_bac
     f = rfleet
     f.start_gateway()
     start_scaler(f)
-    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1", why=lambda: beats(f))
     with Load(f) as load, Callers(f) as callers:
         wait_until(lambda: f.counters(TIER).get("completed", 0) >= 10, 30, what="the load being served")
         out = fleet_cmd(f, "promote", TIER, "v2", "--why", "faster decode")
@@ -193,7 +193,7 @@ def test_promote_under_load_replaces_every_replica_then_rollback_brings_them_bac
 def test_a_standby_finishes_a_rollout_the_leader_left_without_acting_on_it_twice(rfleet: Fleet) -> None:
     f = rfleet
     a = start_scaler(f)
-    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1", why=lambda: beats(f))
     b = start_scaler(f)
     leader = f.r.get(scaler_leader_key(f.namespace))
     fleet_cmd(f, "promote", TIER, "v2")
@@ -203,7 +203,7 @@ def test_a_standby_finishes_a_rollout_the_leader_left_without_acting_on_it_twice
     a.wait(10)
     wait_until(lambda: f.r.get(scaler_leader_key(f.namespace)) not in (None, leader), 20,
                what="the standby holding the lease")
-    wait_until(lambda: rolled_to(f, "v2"), 90, what="every replica at v2")
+    wait_until(lambda: rolled_to(f, "v2"), 90, what="every replica at v2", why=lambda: beats(f))
     wait_until(lambda: any(e.get("event") == "rollout_done" for e in events(f)), 20, what="the rollout done")
     ev = events(f)
     assert len([e for e in ev if e.get("event") == "rollout_done"]) == 1
@@ -220,13 +220,14 @@ def test_the_registry_survives_a_restart_of_every_part(rfleet: Fleet) -> None:
     f = rfleet
     fleet_cmd(f, "promote", TIER, "v2", "--why", "before the restart")
     s = start_scaler(f)
-    wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="the floor ready at v2, the registry's")
+    wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="the floor ready at v2, the registry's",
+               why=lambda: beats(f))
     s.send_signal(signal.SIGTERM)
     s.wait(60)
-    wait_until(lambda: not beats(f), 30, what="every replica drained")
+    wait_until(lambda: not beats(f), 30, what="every replica drained", why=lambda: beats(f))
     # The scaler again, from the same config (which names v1 as its own): v2 is still live.
     s = start_scaler(f)
-    wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="the floor ready at v2 again")
+    wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="the floor ready at v2 again", why=lambda: beats(f))
     rid = f.start_worker(TIER)  # a worker started by hand runs the live version too
     assert beats(f)[rid]["version"] == "v2"
     out = fleet_cmd(f, "models", "show", TIER).stdout
@@ -235,7 +236,8 @@ def test_the_registry_survives_a_restart_of_every_part(rfleet: Fleet) -> None:
     assert hist.count("promote") == 1 and "before the restart" in hist
 
     f.kill_worker(rid, signal.SIGTERM)
-    wait_until(lambda: versions(f) == ["v2", "v2"] and len(beats(f)) == 2, 60, what="back to the floor at v2")
+    wait_until(lambda: versions(f) == ["v2", "v2"] and len(beats(f)) == 2, 60, what="back to the floor at v2",
+               why=lambda: beats(f))
     # Shown everywhere, and the same after the gateway restarts: status, `fleet status`, metrics.
     for _ in range(2):
         gw = f.start_gateway().procs[-1]
@@ -266,7 +268,7 @@ def test_the_previous_version_stays_warm_and_a_rollback_within_the_grace_resumes
     f = rfleet
     f.config_path = _config_with(tmp_path, warm_grace_s=8)
     start_scaler(f)
-    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1", why=lambda: beats(f))
     old = {rid for rid, b in beats(f).items() if b["state"] == "ready"}
     with Load(f) as load:
         fleet_cmd(f, "promote", TIER, "v2")
@@ -286,7 +288,7 @@ def test_the_previous_version_stays_warm_and_a_rollback_within_the_grace_resumes
 
         # Promoted again and left alone: past the grace, the parked replicas are stopped.
         fleet_cmd(f, "promote", TIER, "v2")
-        wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="v2 serving")
+        wait_until(lambda: versions(f) == ["v2", "v2"], 60, what="v2 serving", why=lambda: beats(f))
         wait_until(lambda: rolled_to(f, "v2"), 40, what="the parked v1 replicas gone after the grace")
         over = [e for e in events(f) if e.get("event") == "warm_grace_over"]
         assert sorted(e["replica"] for e in over) == sorted(old)
@@ -302,7 +304,7 @@ def test_a_slow_canary_is_rolled_back_automatically_with_its_reason(rfleet: Flee
     f = rfleet
     port = free_port()
     start_scaler(f, port)
-    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1", why=lambda: beats(f))
     with Load(f) as load:
         wait_until(lambda: f.counters(TIER).get("completed", 0) >= 20, 30, what="v1 measured under load")
         fleet_cmd(f, "promote", TIER, "v3", "--canary", "1", "--why", "try v3")
@@ -337,9 +339,9 @@ def test_scaling_goes_on_during_a_rollout_and_counts_both_versions(rfleet: Fleet
     replicas of both versions, and every replica it adds runs the live (new) version."""
     f = rfleet
     start_scaler(f)
-    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
+    wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1", why=lambda: beats(f))
     fleet_cmd(f, "promote", TIER, "v2", "--canary", "1")
-    wait_until(lambda: versions(f) == ["v1", "v1", "v2"], 60, what="the canary ready beside v1")
+    wait_until(lambda: versions(f) == ["v1", "v1", "v2"], 60, what="the canary ready beside v1", why=lambda: beats(f))
     before = set(beats(f))
     # The scaler counts the three, of both versions, as its ready replicas.
     wait_until(lambda: f.r.hget(f.keys(TIER).scaler, "ready") == b"3", 10, what="3 ready counted")
