@@ -11,7 +11,10 @@ exits and keeps beating. `cancel_and_wait` cancels again until the task has ende
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+log = logging.getLogger("fleet.tasks")
 
 RECANCEL_S = 1.0  # a task still running this long after a cancel lost it: cancel it again
 
@@ -25,4 +28,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None, recancel_s: float 
         for t in pending:
             t.cancel()
         _, pending = await asyncio.wait(pending, timeout=recancel_s)
+        for t in pending:
+            log.info("task %s still runs %.1f s after its cancel (lost in a Redis call?): cancelling it again",
+                     t.get_name() if isinstance(t, asyncio.Task) else t, recancel_s)
     await asyncio.gather(*mine, return_exceptions=True)  # all done: marks their exceptions retrieved
