@@ -16,10 +16,11 @@ import httpx
 import orjson
 import redis
 
-from fleet.config import FleetConfig, load_config
+from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
 from fleet.store.connection import connect_sync
 from fleet.store.keys import TierKeys
+from fleet.store.line import Line
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_CONFIG = Path(__file__).resolve().parent / "fleet-test.yaml"
@@ -34,6 +35,16 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = 
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
+
+
+async def enqueue_many(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
+    """Put `n` requests of class `prio` on the line (bodies numbered 0..n-1); their ids in arrival order."""
+    ids = []
+    for _ in range(n):
+        rid = uuid.uuid4().hex
+        await line.enqueue(rid, prio, orjson.dumps({"n": len(ids)}), deadline_ms)
+        ids.append(rid)
+    return ids
 
 @dataclass
 class Fleet:
