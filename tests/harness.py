@@ -11,10 +11,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import redis
+import yaml
 
 from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
@@ -36,6 +38,17 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+
+
+def config_variant(base: Path, out_dir: Path, tier: str, section: str | None = None, **fields: Any) -> Path:
+    """A copy of the config `base` (same file name) in `out_dir`, with `fields` set on `tier`
+    or, given `section`, on that part of it (e.g. its `rollout`)."""
+    cfg = yaml.safe_load(base.read_text())
+    target = cfg["tiers"][tier] if section is None else cfg["tiers"][tier][section]
+    target.update(fields)
+    p = out_dir / base.name
+    p.write_text(yaml.safe_dump(cfg))
+    return p
 
 async def enqueue_many(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
     """Put `n` requests of class `prio` on the line (bodies numbered 0..n-1); their ids in arrival order."""

@@ -31,7 +31,7 @@ from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, wait_until
+from tests.harness import ROOT, Fleet, config_variant, wait_until
 
 CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
 TIER = "routing"
@@ -251,20 +251,10 @@ def test_the_registry_survives_a_restart_of_every_part(rfleet: Fleet) -> None:
         gw.wait(30)
 
 
-def _config_with(tmp_path: Path, **rollout: Any) -> Path:
-    import yaml
-
-    cfg = yaml.safe_load(CONFIG.read_text())
-    cfg["tiers"][TIER]["rollout"].update(rollout)
-    p = tmp_path / "fleet-rollout.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    return p
-
-
 def test_the_previous_version_stays_warm_and_a_rollback_within_the_grace_resumes_it(rfleet: Fleet,
                                                                                    tmp_path: Path) -> None:
     f = rfleet
-    f.config_path = _config_with(tmp_path, warm_grace_s=8)
+    f.config_path = config_variant(CONFIG, tmp_path, TIER, "rollout", warm_grace_s=8)
     start_scaler(f)
     wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1")
     old = {rid for rid, b in beats(f).items() if b["state"] == "ready"}

@@ -23,7 +23,6 @@ import httpx
 import orjson
 import pytest
 import redis
-import yaml
 from fastapi.testclient import TestClient
 from redis.asyncio import Redis
 
@@ -31,7 +30,7 @@ from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, wait_until
+from tests.harness import ROOT, Fleet, config_variant, wait_until
 
 SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"
 TIER = "routing"
@@ -153,21 +152,14 @@ def test_burst_scales_out_counting_starting_drains_and_steps_down_when_idle(sfle
     assert set(heartbeats(f)) == first  # the youngest left first; the original replica stayed warm
 
 
-def _config_with(tmp_path: Path, **tier: Any) -> Path:
-    cfg = yaml.safe_load(SCALER_CONFIG.read_text())
-    cfg["tiers"][TIER].update(tier)
-    p = tmp_path / "fleet-scaler.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    return p
-
-
 def test_scheduled_prewarm_raises_the_floor_ahead_of_the_window_and_steps_down_after(sfleet: Fleet,
                                                                                     tmp_path: Path) -> None:
     f = sfleet
     start = int(time.time()) + 16  # the window opens in 16 s, for 4 s; once (a daily cron)
     s = datetime.fromtimestamp(start, UTC)
-    f.config_path = _config_with(tmp_path, prewarm=[{"cron": f"{s.minute} {s.hour} * * * {s.second}", "floor": 3,
-                                                     "duration_s": 4}])
+    f.config_path = config_variant(SCALER_CONFIG, tmp_path, TIER,
+                                   prewarm=[{"cron": f"{s.minute} {s.hour} * * * {s.second}", "floor": 3,
+                                             "duration_s": 4}])
     start_scaler(f)
     wait_until(lambda: len(ready(f)) == 1, 45, what="the warm floor ready")
     wait_until(lambda: published(f).get("prewarm_floor") == "3", start + 2 - time.time(), interval=0.05,
