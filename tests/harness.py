@@ -3,12 +3,14 @@ against a private redis-server, each test in its own namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,3 +152,21 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@contextlib.contextmanager
+def scaled_fleet(url: str, config: Path, tier: str) -> Iterator[Fleet]:
+    """A fleet whose scalers start replicas. After the test it is stopped (SIGTERM: each scaler drains
+    the replicas it holds, --stop-replicas-on-exit), and replicas a test orphaned on purpose (by
+    killing their scaler) that nobody drained are ended by pid."""
+    f = Fleet(url, config_path=config)
+    try:
+        yield f
+    finally:
+        f.stop()
+        for raw in f.r.hvals(f.keys(tier).supervised):
+            rec = orjson.loads(raw)
+            pid, rid = rec.get("pid"), rec["id"]
+            with contextlib.suppress(OSError):
+                if pid and rid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)

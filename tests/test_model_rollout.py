@@ -10,8 +10,6 @@ restart of every part."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +29,7 @@ from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, config_variant, wait_until
+from tests.harness import ROOT, Fleet, config_variant, scaled_fleet, wait_until
 
 CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
 TIER = "routing"
@@ -40,16 +38,8 @@ FLOOR = 2
 
 @pytest.fixture
 def rfleet(redis_url: str) -> Iterator[Fleet]:
-    f = Fleet(redis_url, config_path=CONFIG)
-    try:
+    with scaled_fleet(redis_url, CONFIG, TIER) as f:
         yield f
-    finally:
-        f.stop()
-        for raw in f.r.hvals(f.keys(TIER).supervised):  # replicas of a scaler a test killed on purpose
-            rec = orjson.loads(raw)
-            with contextlib.suppress(OSError):
-                if rec.get("pid") and rec["id"].encode() in Path(f"/proc/{rec['pid']}/cmdline").read_bytes():
-                    os.kill(rec["pid"], signal.SIGKILL)
 
 
 def start_scaler(f: Fleet, metrics_port: int = 0) -> subprocess.Popen[bytes]:

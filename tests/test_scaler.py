@@ -5,7 +5,6 @@ dead replicas replaced, a standby taking over, and the operator's pre-warm."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import re
@@ -30,7 +29,7 @@ from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, config_variant, wait_until
+from tests.harness import ROOT, Fleet, config_variant, scaled_fleet, wait_until
 
 SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"
 TIER = "routing"
@@ -39,23 +38,8 @@ HOLD_S = 3.0  # scale_in_hold_s in fleet-scaler.yaml
 
 @pytest.fixture
 def sfleet(store_url: str) -> Iterator[Fleet]:
-    f = Fleet(store_url, config_path=SCALER_CONFIG)
-    try:
+    with scaled_fleet(store_url, SCALER_CONFIG, TIER) as f:
         yield f
-    finally:
-        f.stop()  # SIGTERM: each scaler drains the replicas it holds (--stop-replicas-on-exit)
-        _kill_leftover_replicas(f)
-
-
-def _kill_leftover_replicas(f: Fleet) -> None:
-    """Workers a test orphaned on purpose (by killing their scaler) that nobody drained: end them by pid."""
-    k = f.keys(TIER)
-    for raw in f.r.hvals(k.supervised):
-        rec = orjson.loads(raw)
-        pid, rid = rec.get("pid"), rec["id"]
-        with contextlib.suppress(OSError):
-            if pid and rid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
 
 
 def start_scaler(f: Fleet, *extra: str) -> subprocess.Popen[bytes]:
