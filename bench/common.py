@@ -37,6 +37,11 @@ def zero_tier(name: str, slots: int | str = 128) -> str:
 """
 
 
+
+def bench_config(*tiers: str) -> str:
+    """A fleet config (namespace `bench`, heartbeat 1 s) with these tiers' YAML under `tiers:`."""
+    return "\nnamespace: bench\nheartbeat_s: 1.0\ntiers:\n" + "".join(tiers)
+
 def fleet_env(config: str, redis_url: str) -> dict[str, str]:
     """Write `config` to a fresh fleet.yaml; the environment that points the parts at it and at Redis."""
     cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"

@@ -41,20 +41,16 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_s, fleet_env, fleetctl, pct, stop, zero_tier  # noqa: E402
+from bench.common import bench_config, cpu_s, fleet_env, fleetctl, pct, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
-FLEET = """
-namespace: bench
-heartbeat_s: 1.0
-tiers:
-""" + zero_tier("routing") + """  forward:
+FLEET = bench_config(zero_tier("routing"), """  forward:
     warm_floor: 1
     max_replicas: 1
     slots: 128
     engine: openai
     openai: {base_url: "http://127.0.0.1:%(mock)d/v1", model: mock}
-"""
+""")
 TIER = {"sim": "routing", "openai": "forward"}
 
 

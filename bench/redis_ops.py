@@ -35,14 +35,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_s, fleet_env, fleetctl, stop, zero_tier  # noqa: E402
+from bench.common import bench_config, cpu_s, fleet_env, fleetctl, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
-ZERO_FLEET = """
-namespace: bench
-heartbeat_s: 1.0
-tiers:
-""" + zero_tier("routing")
+ZERO_FLEET = bench_config(zero_tier("routing"))
 
 # Commands Lua scripts run inside; shown apart from what the parts send themselves.
 IN_SCRIPTS = {"time", "incr", "hset", "hmget", "hget", "pexpire", "expire", "zadd", "zrem", "zpopmin", "lpush",
