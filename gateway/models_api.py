@@ -14,15 +14,16 @@ made now (already live, nothing to roll back to).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
 
 from fleet.store.keys import TierKeys
 from fleet.store.model_registry import ModelRecord, RegistryError, promote, read_history, read_or_seed, rollback
@@ -31,6 +32,8 @@ from gateway.errors import APIError
 from gateway.request import read_body, validate
 
 router = APIRouter()
+
+B = TypeVar("B", bound=BaseModel)
 
 MAX_BODY = 4096
 
@@ -109,22 +112,26 @@ async def model_history(tier: str, request: Request, limit: int = Query(50, ge=1
     return _json({"object": "list", "tier": k.tier, "data": [asdict(e) for e in entries]})
 
 
+async def _change(request: Request, tier: str, body_type: type[B], param: str,
+                  act: Callable[[Redis, TierKeys, B], Awaitable[ModelRecord | None]]) -> Response:
+    """A promote or a rollback: the body checked, the tier's record seeded, `act` run on it; a refusal
+    is a typed error naming `param`."""
+    gw: Any = request.app.state.gw
+    body = validate(body_type, await read_body(request, MAX_BODY))
+    k = await _seeded(gw, tier)
+    with _refused(param):
+        rec = await act(gw.redis, k, body)
+    assert rec is not None  # only an automatic rollback (of_rollout) can find nothing to do
+    return _doc(rec)
+
+
 @router.post("/v1/fleet/models/{tier}/promote")
 async def promote_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
-    gw: Any = request.app.state.gw
-    body: PromoteBody = validate(PromoteBody, await read_body(request, MAX_BODY))
-    k = await _seeded(gw, tier)
-    with _refused("version"):
-        rec = await promote(gw.redis, k, body.version, by=caller.name, why=body.why, canary=body.canary)
-    return _doc(rec)
+    return await _change(request, tier, PromoteBody, "version", lambda r, k, b: promote(
+        r, k, b.version, by=caller.name, why=b.why, canary=b.canary))
 
 
 @router.post("/v1/fleet/models/{tier}/rollback")
 async def rollback_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
-    gw: Any = request.app.state.gw
-    body: RollbackBody = validate(RollbackBody, await read_body(request, MAX_BODY))
-    k = await _seeded(gw, tier)
-    with _refused("to"):
-        rec = await rollback(gw.redis, k, by=caller.name, why=body.why, to=body.to)
-    assert rec is not None  # only an automatic rollback (of_rollout) can find nothing to do
-    return _doc(rec)
+    return await _change(request, tier, RollbackBody, "to", lambda r, k, b: rollback(
+        r, k, by=caller.name, why=b.why, to=b.to))
