@@ -27,9 +27,9 @@ import argparse
 import asyncio
 import collections
 import os
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,43 +41,17 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import bench_config, cpu_s, fleet_env, fleetctl, pct, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
-FLEET = """
-namespace: bench
-heartbeat_s: 1.0
-tiers:
-  routing:
-    warm_floor: 1
-    max_replicas: 1
-    slots: 128
-    sim:
-      weights_gb: 0
-      load_gb_s: 1
-      warmup_s: 0
-      prefill_tokens_per_s: 1.0e12
-      decode_step: {base_s: 0, per_seq_s: 0}
-      kv_capacity_tokens: 10000000
-  forward:
+FLEET = bench_config(zero_tier("routing"), """  forward:
     warm_floor: 1
     max_replicas: 1
     slots: 128
     engine: openai
     openai: {base_url: "http://127.0.0.1:%(mock)d/v1", model: mock}
-"""
+""")
 TIER = {"sim": "routing", "openai": "forward"}
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 async def _wait_http(url: str, model: str, limit_s: float = 60) -> None:
@@ -182,8 +156,7 @@ def compare_gateways(env: dict[str, str], requests: int, tokens: int, concurrenc
     for n in (1, 2):
         port = free_port()
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        p = subprocess.Popen([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port), "--workers", str(n)],
-                             env=env, cwd=ROOT)
+        p = fleetctl("gateway", "--port", str(port), "--workers", str(n), env=env)
         try:
             asyncio.run(_wait_http(url, TIER["sim"]))
             asyncio.run(load(url, TIER["sim"], concurrency, min(200, requests), tokens, False))  # warm-up
@@ -214,9 +187,7 @@ def main() -> None:
     server = PrivateRedis().start()
     server_url = server.url
     gw_port, mock_port = free_port(), free_port()
-    cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
-    cfg.write_text(FLEET % {"mock": mock_port})
-    env = {**os.environ, "REDIS_URL": server_url, "FLEET_CONFIG": str(cfg)}
+    env = fleet_env(FLEET % {"mock": mock_port}, server_url)
     py = sys.executable
 
     def part(name: str, *argv: str) -> list[str]:
@@ -240,13 +211,7 @@ def main() -> None:
         if args.gateways and "sim" in paths:
             compare_gateways(env, args.requests, args.tokens)
     finally:
-        for p in procs.values():
-            p.send_signal(2)  # SIGINT: cProfile writes its stats on a clean exit
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs.values(), signal.SIGINT)  # SIGINT: cProfile writes its stats on a clean exit
         r.close()
         server.stop()
 

@@ -24,11 +24,9 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import fleet_env, fleetctl, pct, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
 FLEET = """
@@ -62,23 +61,7 @@ tiers:
       kv_capacity_tokens: 100000000
       typical_prompt_tokens: 8
       typical_output_tokens: %(tokens)d
-  fast:
-    warm_floor: 1
-    max_replicas: 1
-    slots: 16
-    sim:
-      weights_gb: 0
-      load_gb_s: 1
-      warmup_s: 0
-      prefill_tokens_per_s: 1.0e12
-      decode_step: {base_s: 0, per_seq_s: 0}
-      kv_capacity_tokens: 10000000
-"""
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+""" + zero_tier("fast", slots=16)
 
 
 def rss_kb(pid: int) -> int:
@@ -225,27 +208,18 @@ def main() -> None:
 
     server = PrivateRedis().start()
     gw_port = free_port()
-    cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
-    cfg.write_text(FLEET % {"slots": args.calls + 64, "token_s": args.token_s, "tokens": args.tokens})
-    env = {**os.environ, "REDIS_URL": server.url, "FLEET_CONFIG": str(cfg)}
-    py = sys.executable
+    env = fleet_env(FLEET % {"slots": args.calls + 64, "token_s": args.token_s, "tokens": args.tokens}, server.url)
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    procs = [subprocess.Popen([py, "-m", "fleetctl", "gateway", "--port", str(gw_port)], env=env, cwd=ROOT),
-             subprocess.Popen([py, "-m", "fleetctl", "worker", "--tier", "slow"], env=env, cwd=ROOT, **quiet),
-             subprocess.Popen([py, "-m", "fleetctl", "worker", "--tier", "fast"], env=env, cwd=ROOT, **quiet)]
+    procs = [fleetctl("gateway", "--port", str(gw_port), env=env),
+             fleetctl("worker", "--tier", "slow", env=env, **quiet),
+             fleetctl("worker", "--tier", "fast", env=env, **quiet)]
     r = redis.Redis.from_url(server.url)
     try:
         asyncio.run(asyncio.wait_for(
             main_async(args, f"http://127.0.0.1:{gw_port}/v1/chat/completions", procs[0].pid, r),
             args.limit_s + 120))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         r.close()
         server.stop()
 

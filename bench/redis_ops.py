@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,35 +35,15 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import bench_config, cpu_s, fleet_env, fleetctl, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
-ZERO_FLEET = """
-namespace: bench
-heartbeat_s: 1.0
-tiers:
-  routing:
-    warm_floor: 1
-    max_replicas: 1
-    slots: 128
-    sim:
-      weights_gb: 0
-      load_gb_s: 1
-      warmup_s: 0
-      prefill_tokens_per_s: 1.0e12
-      decode_step: {base_s: 0, per_seq_s: 0}
-      kv_capacity_tokens: 10000000
-"""
+ZERO_FLEET = bench_config(zero_tier("routing"))
 
 # Commands Lua scripts run inside; shown apart from what the parts send themselves.
 IN_SCRIPTS = {"time", "incr", "hset", "hmget", "hget", "pexpire", "expire", "zadd", "zrem", "zpopmin", "lpush",
               "ltrim", "hincrby", "zremrangebyscore", "zcount", "zrangebyscore", "zcard", "hgetall", "xadd",
               "publish", "hsetnx", "hdel", "get", "set"}
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def commandstats(nodes: list[redis.Redis]) -> dict[str, int]:
@@ -142,12 +119,10 @@ def main() -> None:
     else:
         server = PrivateRedis().start()
         nodes = [redis.Redis.from_url(server.url)]
-    cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
-    cfg.write_text(ZERO_FLEET)
-    env = {**os.environ, "REDIS_URL": server.url, "FLEET_CONFIG": str(cfg)}
+    env = fleet_env(ZERO_FLEET, server.url)
     port = free_port()
-    gw = subprocess.Popen([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port)], env=env, cwd=ROOT)
-    wk = subprocess.Popen([sys.executable, "-m", "fleetctl", "worker", "--tier", "routing"], env=env, cwd=ROOT)
+    gw = fleetctl("gateway", "--port", str(port), env=env)
+    wk = fleetctl("worker", "--tier", "routing", env=env)
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     try:
         end = time.monotonic() + 60
@@ -164,10 +139,7 @@ def main() -> None:
         measure(nodes, gw.pid, wk.pid, url, args.calls, args.concurrency, args.tokens, stream=False)
         measure(nodes, gw.pid, wk.pid, url, args.calls, args.concurrency, args.tokens, stream=True)
     finally:
-        for p in (gw, wk):
-            p.terminate()
-        for p in (gw, wk):
-            p.wait(30)
+        stop((gw, wk), wait_s=30)
         server.stop()
 
 

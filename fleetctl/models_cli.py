@@ -24,15 +24,7 @@ from redis.exceptions import RedisError
 
 from fleet.config import ConfigError, FleetConfig, load_config
 from fleet.store.keys import TierKeys
-from fleet.store.model_registry import (
-    ModelRecord,
-    RegistryError,
-    ensure_seeded,
-    promote,
-    read_history,
-    read_record,
-    rollback,
-)
+from fleet.store.model_registry import ModelRecord, RegistryError, promote, read_history, read_or_seed, rollback
 
 T = TypeVar("T")
 
@@ -89,8 +81,7 @@ def _run(config_path: str | None, tier: str | None, act: Callable[[FleetConfig, 
 
 
 async def _record(cfg: FleetConfig, r: Redis, tier: str) -> ModelRecord:
-    k = TierKeys(cfg.namespace, tier)
-    return await read_record(r, k) or await ensure_seeded(r, k, cfg.tiers[tier])
+    return await read_or_seed(r, TierKeys(cfg.namespace, tier), cfg.tiers[tier])
 
 
 def _when(ts: float | None) -> str:

@@ -14,29 +14,26 @@ made now (already live, nothing to roll back to).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
 
 from fleet.store.keys import TierKeys
-from fleet.store.model_registry import (
-    ModelRecord,
-    RegistryError,
-    ensure_seeded,
-    promote,
-    read_history,
-    read_record,
-    rollback,
-)
+from fleet.store.model_registry import ModelRecord, RegistryError, promote, read_history, read_or_seed, rollback
 from gateway.auth import Caller, require_admin
 from gateway.errors import APIError
 from gateway.request import read_body, validate
 
 router = APIRouter()
+
+B = TypeVar("B", bound=BaseModel)
 
 MAX_BODY = 4096
 
@@ -60,6 +57,10 @@ def _json(doc: Any) -> Response:
     return Response(orjson.dumps(doc), media_type="application/json")
 
 
+def _doc(rec: ModelRecord) -> Response:
+    return _json({"object": "fleet.model_record", **rec.public()})
+
+
 def _tier(gw: Any, name: str) -> str:
     tier = gw.cfg.resolve_model(name)
     if tier is None:
@@ -70,12 +71,23 @@ def _tier(gw: Any, name: str) -> str:
 
 async def _record(gw: Any, tier: str) -> ModelRecord:
     """The tier's record; the config seeds it if nothing has yet (a gateway started before any scaler)."""
-    k = TierKeys(gw.cfg.namespace, tier)
-    return await read_record(gw.redis, k) or await ensure_seeded(gw.redis, k, gw.cfg.tiers[tier])
+    return await read_or_seed(gw.redis, TierKeys(gw.cfg.namespace, tier), gw.cfg.tiers[tier])
 
 
-def _refused(e: RegistryError, param: str) -> APIError:
-    return APIError(e.status, str(e), code=e.code, param=param)
+async def _seeded(gw: Any, name: str) -> TierKeys:
+    """The keys of the tier `name` resolves to (404 if none), its record seeded before it is changed or read."""
+    t = _tier(gw, name)
+    await _record(gw, t)
+    return TierKeys(gw.cfg.namespace, t)
+
+
+@contextmanager
+def _refused(param: str) -> Iterator[None]:
+    """A change the registry refuses is a typed error (404/409) naming the field at fault."""
+    try:
+        yield
+    except RegistryError as e:
+        raise APIError(e.status, str(e), code=e.code, param=param) from None
 
 
 @router.get("/v1/fleet/models")
@@ -88,42 +100,38 @@ async def list_models(request: Request, caller: Caller = Depends(require_admin))
 @router.get("/v1/fleet/models/{tier}")
 async def show_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
     gw: Any = request.app.state.gw
-    return _json({"object": "fleet.model_record", **(await _record(gw, _tier(gw, tier))).public()})
+    return _doc(await _record(gw, _tier(gw, tier)))
 
 
 @router.get("/v1/fleet/models/{tier}/history")
 async def model_history(tier: str, request: Request, limit: int = Query(50, ge=1, le=1000),
                         caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
     gw: Any = request.app.state.gw
-    t = _tier(gw, tier)
-    await _record(gw, t)
-    entries = await read_history(gw.redis, TierKeys(gw.cfg.namespace, t), limit)
-    return _json({"object": "list", "tier": t, "data": [asdict(e) for e in entries]})
+    k = await _seeded(gw, tier)
+    entries = await read_history(gw.redis, k, limit)
+    return _json({"object": "list", "tier": k.tier, "data": [asdict(e) for e in entries]})
+
+
+async def _change(request: Request, tier: str, body_type: type[B], param: str,
+                  act: Callable[[Redis, TierKeys, B], Awaitable[ModelRecord | None]]) -> Response:
+    """A promote or a rollback: the body checked, the tier's record seeded, `act` run on it; a refusal
+    is a typed error naming `param`."""
+    gw: Any = request.app.state.gw
+    body = validate(body_type, await read_body(request, MAX_BODY))
+    k = await _seeded(gw, tier)
+    with _refused(param):
+        rec = await act(gw.redis, k, body)
+    assert rec is not None  # only an automatic rollback (of_rollout) can find nothing to do
+    return _doc(rec)
 
 
 @router.post("/v1/fleet/models/{tier}/promote")
 async def promote_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
-    gw: Any = request.app.state.gw
-    body: PromoteBody = validate(PromoteBody, await read_body(request, MAX_BODY))
-    t = _tier(gw, tier)
-    await _record(gw, t)
-    try:
-        rec = await promote(gw.redis, TierKeys(gw.cfg.namespace, t), body.version, by=caller.name, why=body.why,
-                            canary=body.canary)
-    except RegistryError as e:
-        raise _refused(e, "version") from None
-    return _json({"object": "fleet.model_record", **rec.public()})
+    return await _change(request, tier, PromoteBody, "version", lambda r, k, b: promote(
+        r, k, b.version, by=caller.name, why=b.why, canary=b.canary))
 
 
 @router.post("/v1/fleet/models/{tier}/rollback")
 async def rollback_model(tier: str, request: Request, caller: Caller = Depends(require_admin)) -> Response:  # noqa: B008
-    gw: Any = request.app.state.gw
-    body: RollbackBody = validate(RollbackBody, await read_body(request, MAX_BODY))
-    t = _tier(gw, tier)
-    await _record(gw, t)
-    try:
-        rec = await rollback(gw.redis, TierKeys(gw.cfg.namespace, t), by=caller.name, why=body.why, to=body.to)
-    except RegistryError as e:
-        raise _refused(e, "to") from None
-    assert rec is not None  # only an automatic rollback (of_rollout) can find nothing to do
-    return _json({"object": "fleet.model_record", **rec.public()})
+    return await _change(request, tier, RollbackBody, "to", lambda r, k, b: rollback(
+        r, k, by=caller.name, why=b.why, to=b.to))

@@ -135,31 +135,32 @@ def down(env: Mapping[str, str], project: str = "fleet", volumes: bool = False) 
     (ROOT / ".docker" / f"compose-{project}.yml").unlink(missing_ok=True)
 
 
+def _up() -> None:
+    """The daemon, the images, the stack; then /readyz and a first call, printed with how to repeat it."""
+    host = dockerhost.resolve()
+    print(f"DOCKER_HOST={host}")
+    dockerhost.images(host)
+    env = stack_env(host)
+    took = up(env)
+    port = env["FLEET_GATEWAY_PORT"]
+    print(f"the gateway answers /readyz at http://127.0.0.1:{port} ({took:.1f} s after up)")
+    reply = first_call(env)
+    body = '{"model": "fleet-small", "messages": [{"role": "user", "content": "hello from compose"}]}'
+    print(f"first call: curl http://127.0.0.1:{port}/v1/chat/completions "
+          f"-H 'Content-Type: application/json' -d '{body}'")
+    print(json.dumps(reply, indent=2))
+    print(f"worker containers: DOCKER_HOST={host} docker ps --filter label={LABEL}={env['FLEET_NAMESPACE']}")
+
+
+def _down() -> None:
+    host = dockerhost.resolve()
+    down(stack_env(host))
+    print(f"no worker container left: {not workers(stack_env(host))}")
+    dockerhost.stop_private()
+
+
 def main(argv: list[str]) -> int:
-    what = argv[1] if len(argv) > 1 else "up"
-    if what == "up":
-        host = dockerhost.resolve()
-        print(f"DOCKER_HOST={host}")
-        dockerhost.images(host)
-        env = stack_env(host)
-        took = up(env)
-        port = env["FLEET_GATEWAY_PORT"]
-        print(f"the gateway answers /readyz at http://127.0.0.1:{port} ({took:.1f} s after up)")
-        reply = first_call(env)
-        body = '{"model": "fleet-small", "messages": [{"role": "user", "content": "hello from compose"}]}'
-        print(f"first call: curl http://127.0.0.1:{port}/v1/chat/completions "
-              f"-H 'Content-Type: application/json' -d '{body}'")
-        print(json.dumps(reply, indent=2))
-        print(f"worker containers: DOCKER_HOST={host} docker ps --filter label={LABEL}={env['FLEET_NAMESPACE']}")
-    elif what == "down":
-        host = dockerhost.resolve()
-        down(stack_env(host))
-        print(f"no worker container left: {not workers(stack_env(host))}")
-        dockerhost.stop_private()
-    else:
-        print(__doc__, file=sys.stderr)
-        return 2
-    return 0
+    return dockerhost.dispatch(argv, {"up": _up, "down": _down}, "up", __doc__)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,18 +200,21 @@ def images(host: str) -> None:
         docker(host, "image", "prune", "-f", check=False, capture_output=True)
 
 
-def main(argv: list[str]) -> int:
-    what = argv[1] if len(argv) > 1 else "host"
-    if what == "host":
-        print(f"DOCKER_HOST={resolve()}")
-    elif what == "images":
-        images(resolve())
-    elif what == "stop":
-        stop_private()
-    else:
-        print(__doc__, file=sys.stderr)
+def dispatch(argv: list[str], commands: Mapping[str, Callable[[], None]], default: str, usage: str | None) -> int:
+    """Run the command `argv[1]` names (`default` when none is given); an unknown one prints
+    `usage` on stderr and exits 2. The scripts' shared `main`: this one's and scripts/compose.py's."""
+    what = argv[1] if len(argv) > 1 else default
+    if what not in commands:
+        print(usage, file=sys.stderr)
         return 2
+    commands[what]()
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(argv, {"host": lambda: print(f"DOCKER_HOST={resolve()}"),
+                           "images": lambda: images(resolve()),
+                           "stop": stop_private}, "host", __doc__)
 
 
 if __name__ == "__main__":

@@ -3,23 +3,28 @@ against a private redis-server, each test in its own namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import redis
+import yaml
 
-from fleet.config import FleetConfig, load_config
+from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
 from fleet.store.connection import connect_sync
 from fleet.store.keys import TierKeys
+from fleet.store.line import Line
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_CONFIG = Path(__file__).resolve().parent / "fleet-test.yaml"
@@ -36,6 +41,27 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what="condit
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {why()}" if why else ""))
 
+
+
+
+def config_variant(base: Path, out_dir: Path, tier: str, section: str | None = None, **fields: Any) -> Path:
+    """A copy of the config `base` (same file name) in `out_dir`, with `fields` set on `tier`
+    or, given `section`, on that part of it (e.g. its `rollout`)."""
+    cfg = yaml.safe_load(base.read_text())
+    target = cfg["tiers"][tier] if section is None else cfg["tiers"][tier][section]
+    target.update(fields)
+    p = out_dir / base.name
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+async def enqueue_many(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
+    """Put `n` requests of class `prio` on the line (bodies numbered 0..n-1); their ids in arrival order."""
+    ids = []
+    for _ in range(n):
+        rid = uuid.uuid4().hex
+        await line.enqueue(rid, prio, orjson.dumps({"n": len(ids)}), deadline_ms)
+        ids.append(rid)
+    return ids
 
 @dataclass
 class Fleet:
@@ -128,3 +154,21 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@contextlib.contextmanager
+def scaled_fleet(url: str, config: Path, tier: str) -> Iterator[Fleet]:
+    """A fleet whose scalers start replicas. After the test it is stopped (SIGTERM: each scaler drains
+    the replicas it holds, --stop-replicas-on-exit), and replicas a test orphaned on purpose (by
+    killing their scaler) that nobody drained are ended by pid."""
+    f = Fleet(url, config_path=config)
+    try:
+        yield f
+    finally:
+        f.stop()
+        for raw in f.r.hvals(f.keys(tier).supervised):
+            rec = orjson.loads(raw)
+            pid, rid = rec.get("pid"), rec["id"]
+            with contextlib.suppress(OSError):
+                if pid and rid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)

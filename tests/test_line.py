@@ -11,6 +11,7 @@ import pytest
 from fleet.config import Priority
 from fleet.store.connection import connect, pubsub_source
 from fleet.store.line import Line
+from tests.harness import enqueue_many as _put
 
 # The line protocol runs the same on one Redis and on a Redis Cluster (3 masters + 3 replicas).
 pytestmark = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
@@ -22,14 +23,6 @@ async def line(store_url: str):
     yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
     await r.aclose()
 
-
-async def _put(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
-    ids = []
-    for _ in range(n):
-        rid = uuid.uuid4().hex
-        await line.enqueue(rid, prio, orjson.dumps({"n": len(ids)}), deadline_ms)
-        ids.append(rid)
-    return ids
 
 
 async def test_committed_overtakes_fifty_background(line: Line) -> None:

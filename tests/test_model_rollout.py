@@ -10,8 +10,6 @@ restart of every part."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +29,7 @@ from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, wait_until
+from tests.harness import ROOT, Fleet, config_variant, scaled_fleet, wait_until
 
 CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
 TIER = "routing"
@@ -40,16 +38,8 @@ FLOOR = 2
 
 @pytest.fixture
 def rfleet(redis_url: str) -> Iterator[Fleet]:
-    f = Fleet(redis_url, config_path=CONFIG)
-    try:
+    with scaled_fleet(redis_url, CONFIG, TIER) as f:
         yield f
-    finally:
-        f.stop()
-        for raw in f.r.hvals(f.keys(TIER).supervised):  # replicas of a scaler a test killed on purpose
-            rec = orjson.loads(raw)
-            with contextlib.suppress(OSError):
-                if rec.get("pid") and rec["id"].encode() in Path(f"/proc/{rec['pid']}/cmdline").read_bytes():
-                    os.kill(rec["pid"], signal.SIGKILL)
 
 
 def start_scaler(f: Fleet, metrics_port: int = 0) -> subprocess.Popen[bytes]:
@@ -253,20 +243,10 @@ def test_the_registry_survives_a_restart_of_every_part(rfleet: Fleet) -> None:
         gw.wait(30)
 
 
-def _config_with(tmp_path: Path, **rollout: Any) -> Path:
-    import yaml
-
-    cfg = yaml.safe_load(CONFIG.read_text())
-    cfg["tiers"][TIER]["rollout"].update(rollout)
-    p = tmp_path / "fleet-rollout.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    return p
-
-
 def test_the_previous_version_stays_warm_and_a_rollback_within_the_grace_resumes_it(rfleet: Fleet,
                                                                                    tmp_path: Path) -> None:
     f = rfleet
-    f.config_path = _config_with(tmp_path, warm_grace_s=8)
+    f.config_path = config_variant(CONFIG, tmp_path, TIER, "rollout", warm_grace_s=8)
     start_scaler(f)
     wait_until(lambda: versions(f) == ["v1", "v1"], 60, what="the floor ready at v1", why=lambda: beats(f))
     old = {rid for rid, b in beats(f).items() if b["state"] == "ready"}

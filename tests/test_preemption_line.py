@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -14,6 +13,7 @@ from fleet.config import ConfigError, Priority, load_config
 from fleet.policy import RunningRequest, WaitingRequest, choose_victim, claim_caps
 from fleet.store.line import Line
 from tests.harness import TEST_CONFIG
+from tests.harness import enqueue_many as _put
 
 BG, SPEC, INT, COM = int(Priority.background), int(Priority.speculative), int(Priority.interactive), 0
 
@@ -77,14 +77,6 @@ async def line(redis_url: str):  # type: ignore[no-untyped-def]
     yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
     await r.aclose()
 
-
-async def _put(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
-    ids = []
-    for _ in range(n):
-        rid = uuid.uuid4().hex
-        await line.enqueue(rid, prio, orjson.dumps({"n": len(ids)}), deadline_ms)
-        ids.append(rid)
-    return ids
 
 
 async def test_victim_goes_back_to_the_head_of_its_class_in_arrival_order(line: Line) -> None:

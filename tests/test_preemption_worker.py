@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
+import pytest
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, Preemption, Priority, load_config
@@ -24,6 +25,14 @@ from workers.worker import Worker
 
 TIER = "planner"  # two slots a replica, a decode step of a few ms
 
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A client of the session's private Redis, closed after the test (pass or fail)."""
+    r = Redis.from_url(redis_url)
+    yield r
+    await r.aclose()
 
 def _cfg(**pre: object) -> FleetConfig:
     cfg = load_config(TEST_CONFIG, namespace=f"t{uuid.uuid4().hex[:8]}")
@@ -92,9 +101,8 @@ async def _done_at(redis: Redis, line: Line, rids: list[str]) -> dict[str, float
     return seen
 
 
-async def test_committed_takes_a_slot_from_background_and_everything_completes_once(redis_url: str) -> None:
+async def test_committed_takes_a_slot_from_background_and_everything_completes_once(redis: Redis) -> None:
     cfg = _cfg(max_preemptions=1)
-    redis = Redis.from_url(redis_url)
     line = Line(redis, cfg.namespace, TIER)
     async with _replicas(cfg, redis, 1):
         bg = await _put(line, Priority.background, 400, 2)  # ~2 s each: both slots
@@ -113,16 +121,14 @@ async def test_committed_takes_a_slot_from_background_and_everything_completes_o
     assert snap.counters["completion_tokens"] == 808  # usage counted once
     totals = await Ledger(redis, cfg.namespace, TIER, cfg.tiers[TIER]).totals()
     assert totals.completion_tokens == 808 == totals.useful_tokens  # the aborted attempt is not charged
-    await redis.aclose()
 
 
 async def _inflight(line: Line, n: int) -> bool:
     return (await line.observe()).inflight >= n
 
 
-async def test_across_replicas_one_preemption_per_waiting_call_and_no_double_claim(redis_url: str) -> None:
+async def test_across_replicas_one_preemption_per_waiting_call_and_no_double_claim(redis: Redis) -> None:
     cfg = _cfg(max_preemptions=1)
-    redis = Redis.from_url(redis_url)
     line = Line(redis, cfg.namespace, TIER)
     async with _replicas(cfg, redis, 2):
         bg = await _put(line, Priority.background, 300, 4)  # two replicas x two slots
@@ -136,12 +142,10 @@ async def test_across_replicas_one_preemption_per_waiting_call_and_no_double_cla
         assert int(await redis.hget(line.keys.request(c), "attempt")) == 1
     assert sum([int(await redis.hget(line.keys.request(b), "attempt")) for b in bg]) == 4 + 2
     assert snap.counters["completed"] == 6 == snap.counters["accepted"]
-    await redis.aclose()
 
 
-async def test_no_starvation_past_max_preemptions(redis_url: str) -> None:
+async def test_no_starvation_past_max_preemptions(redis: Redis) -> None:
     cfg = _cfg(max_preemptions=1, min_wait_ms=0)
-    redis = Redis.from_url(redis_url)
     line = Line(redis, cfg.namespace, TIER)
     async with _replicas(cfg, redis, 1):
         bg = await _put(line, Priority.background, 150, 2)
@@ -157,7 +161,6 @@ async def test_no_starvation_past_max_preemptions(redis_url: str) -> None:
         assert int(await redis.hget(line.keys.request(b), "preempted") or 0) <= 1
         outcome, ev = await _outcome(redis, line, b)
         assert outcome == "completed" and ev["ct"] == 150
-    await redis.aclose()
 
 
 def test_worker_sigkilled_while_preempting_loses_nothing(fleet: Fleet) -> None:
@@ -216,10 +219,9 @@ def test_callers_see_only_a_longer_wait_and_the_fleet_reports_the_preemption(fle
     assert f'fleet_preemptions_total{{class="background",tier="{TIER}"}} 1.0' in metrics
 
 
-async def test_reserved_slots_keep_a_slot_free_for_committed_work_without_preempting(redis_url: str) -> None:
+async def test_reserved_slots_keep_a_slot_free_for_committed_work_without_preempting(redis: Redis) -> None:
     cfg = load_config(TEST_CONFIG, namespace=f"t{uuid.uuid4().hex[:8]}")
     cfg.tiers[TIER].preemption = Preemption(reserved_slots={"committed": 1})  # preemption itself off
-    redis = Redis.from_url(redis_url)
     line = Line(redis, cfg.namespace, TIER)
     async with _replicas(cfg, redis, 1):
         bg = await _put(line, Priority.background, 200, 3)
@@ -230,12 +232,10 @@ async def test_reserved_slots_keep_a_slot_free_for_committed_work_without_preemp
     assert ended[com] < min(ended[b] for b in bg)
     snap = await line.observe()
     assert snap.counters.get("preempted", 0) == 0 and snap.counters["completed"] == 4
-    await redis.aclose()
 
 
-async def test_a_stream_that_has_sent_tokens_is_never_preempted(redis_url: str) -> None:
+async def test_a_stream_that_has_sent_tokens_is_never_preempted(redis: Redis) -> None:
     cfg = _cfg(max_preemptions=3, min_wait_ms=0)
-    redis = Redis.from_url(redis_url)
     line = Line(redis, cfg.namespace, TIER)
     async with _replicas(cfg, redis, 1):
         streams = []
@@ -251,7 +251,6 @@ async def test_a_stream_that_has_sent_tokens_is_never_preempted(redis_url: str) 
     assert ended[com] > min(ended[s] for s in streams)  # it waited for a slot to free
     snap = await line.observe()
     assert snap.counters.get("preempted", 0) == 0 and snap.counters["completed"] == 3
-    await redis.aclose()
 
 
 async def _all_streamed(redis: Redis, line: Line, rids: list[str]) -> bool:

@@ -5,7 +5,6 @@ dead replicas replaced, a standby taking over, and the operator's pre-warm."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import re
@@ -23,7 +22,6 @@ import httpx
 import orjson
 import pytest
 import redis
-import yaml
 from fastapi.testclient import TestClient
 from redis.asyncio import Redis
 
@@ -31,7 +29,7 @@ from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, wait_until
+from tests.harness import ROOT, Fleet, config_variant, scaled_fleet, wait_until
 
 SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"
 TIER = "routing"
@@ -40,23 +38,8 @@ HOLD_S = 3.0  # scale_in_hold_s in fleet-scaler.yaml
 
 @pytest.fixture
 def sfleet(store_url: str) -> Iterator[Fleet]:
-    f = Fleet(store_url, config_path=SCALER_CONFIG)
-    try:
+    with scaled_fleet(store_url, SCALER_CONFIG, TIER) as f:
         yield f
-    finally:
-        f.stop()  # SIGTERM: each scaler drains the replicas it holds (--stop-replicas-on-exit)
-        _kill_leftover_replicas(f)
-
-
-def _kill_leftover_replicas(f: Fleet) -> None:
-    """Workers a test orphaned on purpose (by killing their scaler) that nobody drained: end them by pid."""
-    k = f.keys(TIER)
-    for raw in f.r.hvals(k.supervised):
-        rec = orjson.loads(raw)
-        pid, rid = rec.get("pid"), rec["id"]
-        with contextlib.suppress(OSError):
-            if pid and rid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
 
 
 def start_scaler(f: Fleet, *extra: str) -> subprocess.Popen[bytes]:
@@ -153,21 +136,14 @@ def test_burst_scales_out_counting_starting_drains_and_steps_down_when_idle(sfle
     assert set(heartbeats(f)) == first  # the youngest left first; the original replica stayed warm
 
 
-def _config_with(tmp_path: Path, **tier: Any) -> Path:
-    cfg = yaml.safe_load(SCALER_CONFIG.read_text())
-    cfg["tiers"][TIER].update(tier)
-    p = tmp_path / "fleet-scaler.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    return p
-
-
 def test_scheduled_prewarm_raises_the_floor_ahead_of_the_window_and_steps_down_after(sfleet: Fleet,
                                                                                     tmp_path: Path) -> None:
     f = sfleet
     start = int(time.time()) + 16  # the window opens in 16 s, for 4 s; once (a daily cron)
     s = datetime.fromtimestamp(start, UTC)
-    f.config_path = _config_with(tmp_path, prewarm=[{"cron": f"{s.minute} {s.hour} * * * {s.second}", "floor": 3,
-                                                     "duration_s": 4}])
+    f.config_path = config_variant(SCALER_CONFIG, tmp_path, TIER,
+                                   prewarm=[{"cron": f"{s.minute} {s.hour} * * * {s.second}", "floor": 3,
+                                             "duration_s": 4}])
     start_scaler(f)
     wait_until(lambda: len(ready(f)) == 1, 45, what="the warm floor ready")
     wait_until(lambda: published(f).get("prewarm_floor") == "3", start + 2 - time.time(), interval=0.05,

@@ -246,6 +246,12 @@ async def ensure_seeded(redis: Redis, keys: TierKeys, tc: TierConfig, by: str = 
     return rec
 
 
+
+async def read_or_seed(redis: Redis, keys: TierKeys, tc: TierConfig) -> ModelRecord:
+    """The tier's record; the config seeds it first if nothing has yet (an admin call made before
+    any scaler started). A record already there is read, not rewritten."""
+    return await read_record(redis, keys) or await ensure_seeded(redis, keys, tc)
+
 def _known(cur: ModelRecord | None, version: str) -> ModelRecord:
     if cur is None:
         raise RegistryError("the registry has no record of this tier yet",
