@@ -79,9 +79,11 @@ class FleetCluster(RedisCluster):
       that was one extra round trip per result read, and during a failover it
       raced the node's connections being closed.
     - During a failover redis-py can fail a command with an AttributeError (a
-      connection closed under it) or a RedisClusterException (a slot not yet
-      covered by any master): both become a ConnectionError, which every part
-      already treats as "Redis is away for now" (a typed 503, a retry).
+      connection closed under it), a RuntimeError from the event loop's transport
+      ("... the handler is closed": the same race, one layer down, seen under uvloop)
+      or a RedisClusterException (a slot not yet covered by any master): all become
+      a ConnectionError, which every part already treats as "Redis is away for now"
+      (a typed 503, a retry). Other RuntimeErrors are bugs and pass through.
     """
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
@@ -101,6 +103,10 @@ class FleetCluster(RedisCluster):
             return await super().execute_command(*args, **kwargs)
         except (AttributeError, RedisClusterException) as e:
             raise RedisConnectionError(f"Redis Cluster reconfiguring: {type(e).__name__}: {e}") from e
+        except RuntimeError as e:
+            if "closed" not in str(e):
+                raise
+            raise RedisConnectionError(f"Redis Cluster reconfiguring: a connection closed under a command: {e}") from e
 
 
 def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
