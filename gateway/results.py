@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fleet.store.line import Line
+from fleet.tasks import cancel_and_wait
 from gateway.redis_loss import GRACE_S, spawn
 from gateway.result_reader import Watch
 
@@ -89,6 +90,5 @@ async def first_or_gone(agen: AsyncIterator[dict[str, Any]], receive: Any) -> di
         gone.cancel()
     if nxt.done():
         return nxt.result()
-    nxt.cancel()
-    await asyncio.gather(nxt, return_exceptions=True)
+    await cancel_and_wait(nxt)  # a read awaiting Redis can lose one cancel (fleet/tasks.py)
     raise ClientGone
