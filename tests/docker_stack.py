@@ -98,15 +98,16 @@ class Stack:
         compose.down(self.env, self.project, volumes=True)
 
 
-def start_stack(tmp: Path) -> Stack:
-    """Daemon, images, config folder, `up` and /readyz (raises if any of them fails)."""
+def start_stack(tmp: Path, config: Path = CONFIG) -> Stack:
+    """Daemon, images, config folder (`config` as its fleet.yaml), `up` and /readyz (raises if any
+    of them fails)."""
     host = dockerhost.resolve()
     t0 = time.monotonic()
     dockerhost.images(host)
     print(f"\nimages ready in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     cfg_dir = tmp / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(CONFIG, cfg_dir / "fleet.yaml")
+    shutil.copyfile(config, cfg_dir / "fleet.yaml")
     cfg_dir.chmod(0o755)
     (cfg_dir / "fleet.yaml").chmod(0o644)
     ns = f"c{uuid.uuid4().hex[:8]}"
