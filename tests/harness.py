@@ -172,3 +172,46 @@ def scaled_fleet(url: str, config: Path, tier: str) -> Iterator[Fleet]:
             with contextlib.suppress(OSError):
                 if pid and rid.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
+
+
+class LineLoad:
+    """A steady load on a tier's line from a thread, as the gateway would enqueue: `rate` requests
+    a second until the `with` block ends; `sent` counts them."""
+
+    def __init__(self, redis_url: str, namespace: str, tier: str, rate: float, deadline_ms: int) -> None:
+        import threading
+
+        self.redis_url, self.namespace, self.tier = redis_url, namespace, tier
+        self.rate, self.deadline_ms, self.sent = rate, deadline_ms, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._thread, daemon=True)
+
+    def _thread(self) -> None:
+        import asyncio
+
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        import asyncio
+
+        from redis.asyncio import Redis
+
+        from fleet.store.line import Line
+
+        r = Redis.from_url(self.redis_url)
+        line = Line(r, self.namespace, self.tier, rate_window_s=4.0)
+        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 10})
+        t0 = time.monotonic()
+        while not self.stop.is_set():
+            await line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, self.deadline_ms)
+            self.sent += 1
+            await asyncio.sleep(max(0.0, t0 + self.sent / self.rate - time.monotonic()))
+        await r.aclose()
+
+    def __enter__(self) -> LineLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)

@@ -6,24 +6,18 @@ The rollout with local processes, and its other cases, are in tests/test_model_r
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
-from redis.asyncio import Redis
 
-from fleet.config import Priority
-from fleet.store.line import Line
 from tests.docker_stack import LABEL, ROOT, Stack, start_stack
-from tests.harness import wait_until
+from tests.harness import LineLoad, wait_until
 
 pytestmark = pytest.mark.timeout(900)  # a cold image build costs about 5 minutes
 CONFIG = Path(__file__).resolve().parent / "fleet-containers-rollout.yaml"
@@ -83,32 +77,9 @@ def watch_floor(s: Stack, version: str, timeout: float) -> int:
     return fewest
 
 
-class Load:
-    """A light, steady load on the line from a thread (as the gateway would enqueue): `rate` a second."""
-
-    def __init__(self, s: Stack, rate: float = 3.0) -> None:
-        self.s, self.rate, self.sent = s, rate, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        r = Redis.from_url(self.s.redis_url)
-        line = Line(r, self.s.namespace, TIER, rate_window_s=4.0)
-        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 10})
-        t0 = time.monotonic()
-        while not self.stop.is_set():
-            await line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 120_000)
-            self.sent += 1
-            await asyncio.sleep(max(0.0, t0 + self.sent / self.rate - time.monotonic()))
-        await r.aclose()
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
+def Load(s: Stack, rate: float = 3.0) -> LineLoad:
+    """A light, steady load on the line (as the gateway would enqueue), 3 a second by default."""
+    return LineLoad(s.redis_url, s.namespace, TIER, rate, 120_000)
 
 
 def test_promote_replaces_every_worker_container_then_rollback_brings_them_back(stack: Stack) -> None:

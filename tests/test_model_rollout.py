@@ -29,7 +29,7 @@ from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, config_variant, scaled_fleet, wait_until
+from tests.harness import ROOT, Fleet, LineLoad, config_variant, scaled_fleet, wait_until
 
 CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
 TIER = "routing"
@@ -68,32 +68,9 @@ def fleet_cmd(f: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     return out
 
 
-class Load:
-    """A steady load on the line from a thread: `rate` requests a second until stopped."""
-
-    def __init__(self, f: Fleet, rate: float = 6.0) -> None:
-        self.f, self.rate, self.sent = f, rate, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        r = Redis.from_url(self.f.redis_url)
-        line = Line(r, self.f.namespace, TIER, rate_window_s=4.0)
-        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 10})
-        t0 = time.monotonic()
-        while not self.stop.is_set():
-            await line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 60_000)
-            self.sent += 1
-            await asyncio.sleep(max(0.0, t0 + self.sent / self.rate - time.monotonic()))
-        await r.aclose()
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
+def Load(f: Fleet, rate: float = 6.0) -> LineLoad:
+    """A steady load on the tier's line, 6 a second by default."""
+    return LineLoad(f.redis_url, f.namespace, TIER, rate, 60_000)
 
 
 class Callers:
