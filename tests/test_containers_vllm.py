@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -78,6 +79,14 @@ def test_the_vllm_cpu_worker_container_serves_openai_calls_through_the_gateway(v
 
     wait_until(lambda: any(b["state"] == "ready" for b in beats().values()), START_S, interval=1,
                what="the vLLM worker container ready")
+
+    def gateway_sees_ready() -> bool:
+        # Admission judges on its own view of the replicas, refreshed each heartbeat: a call made the
+        # moment the heartbeat says ready can still be judged on the cold start (a CI run saw a 429).
+        st = httpx.get(f"{f.base_url}/v1/fleet/status", timeout=5)
+        return st.status_code == 200 and (st.json()["tiers"]["routing"]["admission"] or {}).get("ready", 0) >= 1
+
+    wait_until(gateway_sees_ready, 60, interval=0.5, what="the gateway's admission view counts the worker ready")
     (rid, beat), = beats().items()
     (c,) = client.api.containers(filters={"label": [f"{LABEL}.namespace={f.namespace}", f"{LABEL}.id={rid}"]})
     assert c["Labels"][f"{LABEL}.tier"] == "routing" and c["Image"] == "fleet-gateway:latest"
