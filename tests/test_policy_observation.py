@@ -3,6 +3,7 @@ scale-in victim and the fail-safe ceilings: pure functions, no Redis, no clock."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -172,3 +173,29 @@ def test_config_refuses_a_lease_not_above_the_heartbeat(tmp_path) -> None:  # ty
     bad.write_text(text.replace("heartbeat_s: 0.25", "heartbeat_s: 1.0", 1))
     with pytest.raises(ConfigError, match=r"tiers\.routing\.lease_s \(1\) must be above heartbeat_s \(1\)"):
         load_config(bad)
+
+
+def _serving(in_use: int, completions: int, *, n: int = 2) -> TierObservation:
+    # n ready replicas holding `in_use` calls between them, no line: not saturated.
+    per = [in_use // n + (1 if i < in_use % n else 0) for i in range(n)]
+    return obs(completions_in_window=completions, replicas=Replicas.of([rep(f"r{i}", in_use=u) for i, u in
+                                                                        enumerate(per)]))
+
+
+def test_calibration_reads_the_service_time_by_littles_law_without_saturation() -> None:
+    cap = tier_capacity(TC)
+    typical = cap.service_s(cap.typical_prompt_tokens, cap.typical_output_tokens, 2)  # batch 2 per replica
+    steady = Calibration(startup_s=3.0, ready=2, ready_since=NOW - 60)
+    # 4 calls in service, completing at a rate that makes each last twice the model's time: calls
+    # twice as long as the typical shape (a long-answer stretch of a trace), with no line at all.
+    slow = _serving(4, round(4 / (2 * typical) * 10))
+    cal = calibrate(steady, TC, slow)
+    assert cal.rate_factor == pytest.approx(0.5, rel=0.05) and cal.measured_at == NOW
+    # The short-answer stretch that follows corrects it up, part-way per reading (smoothed).
+    fast = _serving(4, round(4 / (typical / 2) * 10))
+    up = calibrate(cal, TC, dataclasses.replace(fast, now=NOW + 10))
+    assert cal.rate_factor < up.rate_factor < 2.0
+    # Too few completions say nothing; nor does a tier whose ready count just changed.
+    assert calibrate(steady, TC, _serving(4, 5)).rate_factor == 1.0
+    fresh = Calibration(startup_s=3.0, ready=1, ready_since=NOW - 60)  # was 1 ready, now 2
+    assert calibrate(fresh, TC, slow).rate_factor == 1.0

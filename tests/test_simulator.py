@@ -240,3 +240,17 @@ def test_clairvoyant_bound_is_below_every_schedule_that_meets_every_committed_de
     assert min(u for _, u in meeting) < 6 * bound_s, (meeting, bound_s)
     # Too few replicas miss committed deadlines: the burst genuinely needs capacity.
     assert _committed_missed(simulate(sc, FixedSize(1), trace=trace)) > 0
+
+
+def test_the_bound_prices_decoding_at_the_full_batch_a_replica_can_run() -> None:
+    from simulator.baselines import least_busy_s
+
+    # No prefill: tokens at the full batch's rate, 12 per 19.2 ms step (analysis's profile).
+    assert least_busy_s(0.0, 1200, 12, 0.012, 0.0006) == pytest.approx(1200 * 0.0192 / 12)
+    # Prefill holds slots too: the mix costs more than either part alone, and never less than
+    # the calls' batch-1 services packed into the slots (the older, looser bound).
+    both = least_busy_s(30.0, 1200, 12, 0.012, 0.0006)
+    assert both > max(30.0 / 12, 1200 * 0.0192 / 12)
+    assert both >= (30.0 + 1200 * 0.0126) / 12
+    # And it is achievable in proportion: the balance point spends both needs in the same time.
+    assert both < (30.0 + 1200 * 0.0192) / 12 + 1e-9

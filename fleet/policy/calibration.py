@@ -6,12 +6,21 @@ Two figures, each corrected both ways (up as well as down):
   scaler saw them), else of the engines' own cold starts, else the profile's.
   A start that timed out ran at least as long as it was given: until one is
   measured, the estimate is no shorter (the start-up floor).
-- throughput: only a window in which every ready replica was busy the whole
-  time measures what a replica can do (an idle replica's completions measure
-  demand). Such a window sets `rate_factor` = served per replica / modelled per
-  replica, whichever side of 1 it falls. The ready count must have held for the
+- throughput: `rate_factor` = modelled service time / measured, whichever side
+  of 1 it falls, measured two ways. A window in which every ready replica was
+  busy the whole time measures what a replica can do directly: served per
+  replica / modelled per replica (an idle replica's completions measure demand,
+  not capacity). Outside saturation, Little's law measures the service time
+  itself: calls in service (the heartbeats' in_use) / completions per second,
+  set against the model's service time at the batch the replicas run. That
+  second reading matters because a call's length is not a constant: the Azure
+  conversation trace's answers average 270 tokens in one quarter hour and 140
+  in another, so a factor measured once, in a long-answer stretch, would size
+  the tier for the rest of the hour (it held 0.82 on that replay and kept 40%
+  more replicas than the short answers needed). Little's readings are smoothed
+  over the rate window; either way, the ready count must have held for the
   whole window, or replicas that just became ready would read as slow.
-  Between such windows the last factor stands: it is a calibration, not a meter.
+  Between readings the last factor stands: it is a calibration, not a meter.
 
 The scaler calibrates each tick and publishes the result (`fleet.store.capacity`);
 the gateways plan admission with it; the simulator calibrates the same way.
@@ -41,6 +50,7 @@ class Calibration:
     measured_startups: int = 0  # how many start-ups the estimate rests on (0: the profile's)
     ready: int = 0  # the ready count at the last tick...
     ready_since: float | None = None  # ...and since when it has held
+    measured_at: float | None = None  # when the factor was last read (None: never; the first reading stands alone)
 
 
 def startup_estimate(measured: Sequence[float], engine_cold_starts: Sequence[float], modelled_s: float,
@@ -66,15 +76,46 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
     ready_since = prev.ready_since if ready == prev.ready and prev.ready_since is not None else obs.now
     engine = [r.cold_start_s for r in obs.replicas.members if r.cold_start_s is not None]
     startup = startup_estimate(obs.startups_measured, engine, modelled_startup_s(tc), at_least_s)
-    factor = prev.rate_factor
+    factor, measured_at = prev.rate_factor, prev.measured_at
     served = rate(obs.completions_in_window, obs.window_s)
-    saturated = (waiting(obs) > 0 and ready > 0 and served > 0 and obs.oldest_wait_s >= obs.window_s
-                 and obs.now - ready_since >= obs.window_s)
+    steady = ready > 0 and served > 0 and obs.now - ready_since >= obs.window_s
+    saturated = steady and waiting(obs) > 0 and obs.oldest_wait_s >= obs.window_s
     if saturated:
         modelled = tier_capacity(tc).per_replica_rate
-        factor = min(RATE_FACTOR_MAX, max(RATE_FACTOR_MIN, served / ready / modelled))
+        factor, measured_at = _bounded(served / ready / modelled), obs.now
+    elif steady and obs.completions_in_window >= MIN_LITTLE_COMPLETIONS:
+        reading = littles_factor(tc, obs, served)
+        if reading is not None:
+            weight = 1.0 if measured_at is None else min(1.0, max(0.0, obs.now - measured_at) / (LITTLE_SMOOTHING * obs.window_s))
+            factor, measured_at = _bounded(factor + weight * (reading - factor)), obs.now
     return Calibration(startup_s=startup, rate_factor=factor, measured_startups=len(obs.startups_measured),
-                       ready=ready, ready_since=ready_since)
+                       ready=ready, ready_since=ready_since, measured_at=measured_at)
+
+
+# Fewer completions in the window than this say too little about the service time.
+MIN_LITTLE_COMPLETIONS = 20
+# Little's readings are smoothed over this many rate windows: one reading rests on one sample
+# of in_use and a window's completions (a replica at low load read anywhere from 0.7 to 3.1),
+# while the mix of call lengths it follows changes over minutes.
+LITTLE_SMOOTHING = 6.0
+
+
+def _bounded(factor: float) -> float:
+    return min(RATE_FACTOR_MAX, max(RATE_FACTOR_MIN, factor))
+
+
+def littles_factor(tc: TierConfig, obs: TierObservation, served: float) -> float | None:
+    """Modelled / measured service time, by Little's law: the calls in service on the replicas
+    that serve (ready or draining) over the completions per second is the mean time a call
+    spends in service; the model's is taken at the mean batch those replicas run (a smaller
+    batch decodes faster). None when nothing is in service."""
+    serving = [r for r in obs.replicas.members if r.state in ("ready", "draining")]
+    in_service = sum(r.in_use for r in serving)
+    if not serving or in_service <= 0 or served <= 0:
+        return None
+    model = tier_capacity(tc)
+    batch = max(1, min(model.batch, round(in_service / len(serving))))
+    return model.service_s(model.typical_prompt_tokens, model.typical_output_tokens, batch) / (in_service / served)
 
 
 def calibrated_capacity(tc: TierConfig, cal: Calibration | None) -> TierCapacity:
