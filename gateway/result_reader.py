@@ -45,6 +45,7 @@ COUNT = 256  # entries per stream per read: a burst of tokens arrives in one rea
 PACE_PER_CALL_S = 1e-6  # the least time between two reads, per open call (see above)
 _BLOCK_MS = int(MAX_BLOCK_S * 1000)  # a read ends by this at the latest (a ring ends it sooner)
 _RETRY_AFTER_ERROR_S = 0.1
+_FINAL = ("done", "err")  # the event types that end a call's stream
 
 
 class Watch:
@@ -148,6 +149,11 @@ class _Tier:
                     continue  # a call that ended meanwhile
                 w.last = last
                 w.events.extend(events)
+                if events[-1].get("t") in _FINAL:
+                    # Nothing follows a final event: stop reading its stream now, so the next
+                    # read does not name it (and with no other call open, none is issued at all:
+                    # the next call starts a fresh read instead of ringing this one awake).
+                    del self.watches[key]
                 w._wake()
             pause = len(self.watches) * PACE_PER_CALL_S - (loop.time() - began)
             if pause > 0.0005:

@@ -28,6 +28,7 @@ X-Deadline-Ms at enqueue, so gateway and worker clocks need not agree.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -51,7 +52,7 @@ from fleet.store.line_scripts import (
     RENEW,
 )
 
-__all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Line", "LineSnapshot", "Reaped", "Waiter"]
+__all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Claims", "Line", "LineSnapshot", "Reaped", "Waiter"]
 
 
 @dataclass(slots=True)
@@ -90,6 +91,14 @@ class LineSnapshot:
     def ahead_of(self, priority: Priority) -> int:
         """Requests a new arrival of this class would wait behind."""
         return sum(self.by_class[: priority + 1])
+
+
+class Claims(list[Claimed]):
+    """What one claim took; `more`: the line may hold more this replica could claim now."""
+
+    def __init__(self, claimed: Iterable[Claimed] = (), *, more: bool = False) -> None:
+        super().__init__(claimed)
+        self.more = more
 
 
 class Waiter(NamedTuple):
@@ -152,27 +161,27 @@ class Line:
         deadline, _ = await self._enqueue(keys=keys, args=args)
         return int(deadline)
 
-    async def claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None) -> list[Claimed]:
+    async def claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None) -> Claims:
         """Take up to `n` requests from the head of the line under a lease of `lease_s`.
 
         Highest class first, first come first served within a class. Requests
         whose deadline passed in the line are ended as expired on the way and
         never returned (see CLAIM in `fleet.store.line_scripts`). `caps`: at
         most so many of each class and below (`fleet.policy.claim_caps`: slots
-        reserved for higher classes).
+        reserved for higher classes). `more` on the result: False when the claim
+        stopped at an empty line or a cap, so claiming again at once finds nothing.
         """
         if n <= 0:
-            return []
+            return Claims()
         k = self.keys
         args: list[Any] = [n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s]
         if caps is not None:
             args.append(",".join(str(c) for c in caps))
-        rows = await self._claim(keys=[k.line, k.inflight, k.counters], args=args)
-        return [
-            Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
-                    waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
-            for r in rows
-        ]
+        more, rows = await self._claim(keys=[k.line, k.inflight, k.counters], args=args)
+        return Claims(
+            (Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
+                     waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
+             for r in rows), more=bool(int(more)))
 
     async def peek_waiter(self, below_rank: int = 4, *, stale_s: float = 10.0, scan: int = 64) -> Waiter | None:
         """The highest-class request waiting, of a class above `below_rank`, that no replica has

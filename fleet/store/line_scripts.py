@@ -60,8 +60,10 @@ return {n2s(deadline), n2s(now)}
 
 # KEYS: line inflight counters
 # ARGV: n replica lease_ms prefix ttl_s [caps]
-# Returns a list of up to n claimed requests, highest class first, each
+# Returns {more, claimed}: claimed is a list of up to n requests, highest class first, each
 #   {rid, payload, attempt, remaining_ms, waited_ms, priority, owner, preempted}
+# and more is 0 when the claim stopped because the line was empty or a cap was
+# reached (claiming again at once would find nothing), else 1.
 # `caps` ("c0,c1,c2,c3", `fleet.policy.claim_caps`): at most c<rank> claimed in all
 # once a request of that class is reached; the first one over its cap goes back
 # with its score and the claim stops (caps never grow with rank).
@@ -78,6 +80,7 @@ CLAIM = CLOCK + _EVENT + """
 local out = {}
 local n = tonumber(ARGV[1])
 local pops = 0
+local more = 1
 local caps = nil
 if ARGV[6] then
   caps = {}
@@ -86,10 +89,14 @@ end
 while #out < n and pops < 4 * n + 16 do
   pops = pops + 1
   local head = redis.call('ZPOPMIN', KEYS[1])
-  if #head == 0 then break end
+  if #head == 0 then
+    more = 0
+    break
+  end
   local rid = head[1]
   if caps and #out >= caps[math.floor(tonumber(head[2]) / 1e15) + 1] then
     redis.call('ZADD', KEYS[1], head[2], rid)  -- its class has no slot here: back in its place
+    more = 0
     break
   end
   local req = ARGV[4] .. 'req:' .. rid
@@ -115,7 +122,7 @@ while #out < n and pops < 4 * n + 16 do
     end
   end
 end
-return out
+return {more, out}
 """
 
 # KEYS: inflight req... (one per pair) ; ARGV: lease_ms prefix (rid owner)...
