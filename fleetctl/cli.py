@@ -99,14 +99,14 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
 def worker(tier: str, engine_name: str | None, replica_id: str | None, model_version: str | None, time_scale: float,
            metrics_port: int | None, metrics_host: str, config_path: str | None, verbose: bool) -> None:
     """Run one worker replica for a tier."""
-    from workers.run import run_worker
+    from workers.run import run_loop, run_worker
 
     _logging(verbose)
     cfg = _config(config_path)
     if tier not in cfg.tiers:
         click.echo(f"fleet: unknown tier {tier!r}; tiers are {', '.join(cfg.tiers)}", err=True)
         sys.exit(2)
-    sys.exit(asyncio.run(run_worker(cfg, tier, engine_name, _redis_url(), replica_id=replica_id,
+    sys.exit(run_loop(run_worker(cfg, tier, engine_name, _redis_url(), replica_id=replica_id,
                                     time_scale=time_scale, metrics_port=metrics_port, metrics_host=metrics_host,
                                     version=model_version)))
 

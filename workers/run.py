@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Coroutine
+from typing import Any
 
 from fleet.config import FleetConfig
 from fleet.store.connection import Clients
@@ -16,6 +18,18 @@ from workers.engines.base import EngineError
 from workers.worker import Worker
 
 log = logging.getLogger("fleet.worker")
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run a replica's main coroutine on uvloop where it is installed (it comes with uvicorn[standard], as
+    the gateway runs), else on asyncio's own loop. A replica's event loop is on every request's path (wake
+    on the bell, claim, call the engine, finish): uvloop's costs a fraction of the pure-Python selector's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it on Linux and macOS
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis_url: str, *,
