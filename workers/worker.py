@@ -33,6 +33,7 @@ from fleet.tasks import cancel_and_wait
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.streaming import LeaseLost, StreamWriter
+from workers.waiting import wait_and_claim
 
 log = logging.getLogger("fleet.worker")
 
@@ -69,6 +70,7 @@ class Worker:
         self._resumed = asyncio.Event()
         self.parked = False
         self.preemptor = Preemptor(self.line, self.tc, self.replica_id)
+        self._wake = self.line.keys.wake(self.replica_id)  # rung to end a wait on the bell early
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -152,11 +154,11 @@ class Worker:
         Full: wait for a slot to free. Free slots: one CLAIM for as many as are
         free; each claimed request runs in its own task (`_serve`). Nothing
         claimed, or the claim emptied the line (claiming again would find
-        nothing: a round trip saved while the claimed requests start): block on
-        the line's bell (an enqueue rings it) for up to a second, or until the
-        replica drains. A Redis error waits a little and
-        retries; what already runs keeps running.
+        nothing): the next claim first waits on the line's bell (an enqueue
+        rings it) for up to a second, in the same round trip (`workers.waiting`).
+        A Redis error waits a little and retries; what already runs keeps running.
         """
+        waiting = False  # the next claim waits for the bell first
         while not self._draining.is_set():
             if self.parked:
                 await _first(self._resumed.wait(), self._draining.wait())
@@ -178,10 +180,13 @@ class Worker:
                         await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
                 continue
             try:
-                claimed = await self.line.claim(self.replica_id, free, self.tc.lease_s,
-                                                self.preemptor.caps(self.concurrency))
+                caps = self.preemptor.caps(self.concurrency)
+                claimed = await (wait_and_claim(self.line, self._holding, self._wake, self.replica_id, free,
+                                                self.tc.lease_s, caps) if waiting
+                                 else self.line.claim(self.replica_id, free, self.tc.lease_s, caps))
             except Exception:  # Redis away: keep what runs, try again shortly
                 log.exception("claim failed; retrying")
+                waiting = False
                 await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
                 continue
             for c in claimed:
@@ -192,17 +197,9 @@ class Worker:
                 self.owners[c.rid] = c.owner
                 # Tracked now, not when its task starts: the next claim's caps count it.
                 self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
-            if not claimed or not claimed.more:
-                if claimed:
-                    await asyncio.sleep(0)  # the claimed requests reach their engine before the bell's wait goes out
-                waiter = asyncio.create_task(self.line.wait_for_work(1.0))
-                drain = asyncio.create_task(self._holding.wait())
-                await asyncio.wait({waiter, drain}, return_when=asyncio.FIRST_COMPLETED)
-                for t in (waiter, drain):
-                    t.cancel()
-                await asyncio.gather(waiter, drain, return_exceptions=True)
-                if waiter.done() and not waiter.cancelled() and waiter.exception():
-                    await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
+            waiting = not claimed.more
+            if claimed and waiting:
+                await asyncio.sleep(0)  # the claimed requests reach their engine before the next wait goes out
 
     # --- serving --------------------------------------------------------------
 

@@ -37,6 +37,10 @@ class TierKeys:
         """LIST of wake-up tokens: Lua cannot block, so idle workers BLPOP here."""
         return self._k("bell")
 
+    def wake(self, replica: str) -> str:
+        """LIST: a replica's own wake-up token, pushed to end its wait on the bell early (a drain)."""
+        return self._k(f"wake:{replica}")
+
     @property
     def counters(self) -> str:
         """HASH accepted / completed / expired / cancelled / failed and token totals."""

@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from fleet.config import Priority
 from fleet.store.connection import MAX_BLOCK_S
@@ -174,14 +176,50 @@ class Line:
         if n <= 0:
             return Claims()
         k = self.keys
+        more, rows = await self._claim(keys=[k.line, k.inflight, k.counters], args=self._claim_args(replica, n,
+                                                                                                   lease_s, caps))
+        return _claims(more, rows)
+
+    def _claim_args(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None) -> list[Any]:
         args: list[Any] = [n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s]
         if caps is not None:
             args.append(",".join(str(c) for c in caps))
-        more, rows = await self._claim(keys=[k.line, k.inflight, k.counters], args=args)
-        return Claims(
-            (Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
-                     waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
-             for r in rows), more=bool(int(more)))
+        return args
+
+    async def wait_and_claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None, *,
+                             timeout_s: float, wake: str | None = None) -> Claims:
+        """`wait_for_work`, then `claim`, in ONE round trip: both go out together on the blocking
+        client, and Redis runs the claim the moment the bell (or `wake`, see `ring`) wakes the
+        wait, or its timeout passes, without waiting for the worker to hear of it and ask.
+
+        The claim is the very script `claim` runs, judged when Redis runs it. `n` and `caps`
+        are taken when the wait starts: a replica's free slots only grow while it waits. A
+        client closed during the wait (a cancel) leaves the claim unrun (Redis drops what a
+        closed client had queued), so cancel only to give up; to end the wait early, `ring`."""
+        if n <= 0:
+            return Claims()
+        keys = [self.keys.bell, *([wake] if wake else [])]
+        block = min(timeout_s, MAX_BLOCK_S)
+        if isinstance(self.blocking, RedisCluster):  # a cluster pipeline is no ordered stream: two round trips
+            await self.blocking.blpop(keys, timeout=block)
+            return await self.claim(replica, n, lease_s, caps)
+        k = self.keys
+        async with self.blocking.pipeline(transaction=False) as p:
+            p.blpop(keys, timeout=block)
+            p.evalsha(self._claim.sha, 3, k.line, k.inflight, k.counters, *self._claim_args(replica, n, lease_s, caps))
+            _, got = await p.execute(raise_on_error=False)
+        if isinstance(got, NoScriptError):  # Redis restarted (no scripts): the wait is over, claim as usual
+            return await self.claim(replica, n, lease_s, caps)
+        if isinstance(got, Exception):
+            raise got
+        return _claims(*got)
+
+    async def ring(self, wake: str) -> None:
+        """End a `wait_and_claim` of this tier that waits on `wake` (a replica's own key, see
+        `TierKeys.wake`): it claims at once instead of at its timeout."""
+        async with self.redis.pipeline(transaction=False) as p:
+            p.lpush(wake, 1).pexpire(wake, int(MAX_BLOCK_S * 2000))
+            await p.execute()
 
     async def peek_waiter(self, below_rank: int = 4, *, stale_s: float = 10.0, scan: int = 64) -> Waiter | None:
         """The highest-class request waiting, of a class above `below_rank`, that no replica has
@@ -330,6 +368,12 @@ class Line:
     async def wait_for_work(self, timeout_s: float) -> None:
         """Block until an enqueue rings the bell or the timeout passes."""
         await self.blocking.blpop([self.keys.bell], timeout=min(timeout_s, MAX_BLOCK_S))
+
+
+def _claims(more: Any, rows: list[Any]) -> Claims:
+    return Claims((Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
+                           waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
+                   for r in rows), more=bool(int(more)))
 
 
 def _s(v: Any) -> str:
