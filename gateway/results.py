@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from gateway.result_reader import Watch
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
+DROP_AFTER_S = 0.1  # read result streams are dropped in batches gathered this long
 
 
 class ClientGone(Exception):
@@ -54,8 +56,8 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
                 return
     finally:
         watch.close()
-        # Read, so drop it now rather than at its TTL, off the caller's path.
-        spawn(_drop(line, rid))
+        # Read, so drop it rather than wait for its TTL: off the caller's path, with others ended meanwhile.
+        drop_soon(line, rid)
 
 
 async def close_events(stream: AsyncIterator[dict[str, Any]]) -> None:
@@ -64,9 +66,42 @@ async def close_events(stream: AsyncIterator[dict[str, Any]]) -> None:
         await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def _drop(line: Line, rid: str) -> None:
-    with contextlib.suppress(Exception):  # Redis away: the stream's TTL drops it instead
-        await line.drop_events(rid)
+class _Drops:
+    """One tier's read result streams, dropped together: the calls that end within `DROP_AFTER_S`
+    cost one UNLINK, not one each (a Redis error leaves them to their TTL, as it would one)."""
+
+    def __init__(self, line: Line) -> None:
+        self.line = line
+        self.rids: list[str] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, rid: str) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # a batch left on a loop that ended never flushes: start afresh
+            self.rids, self.loop = [], loop
+        self.rids.append(rid)
+        if len(self.rids) == 1:
+            loop.call_later(DROP_AFTER_S, self._flush)
+
+    def _flush(self) -> None:
+        rids, self.rids = self.rids, []
+        spawn(_drop(self.line, rids))
+
+
+_drops: weakref.WeakKeyDictionary[Line, _Drops] = weakref.WeakKeyDictionary()
+
+
+def drop_soon(line: Line, rid: str) -> None:
+    """Drop a read result stream within `DROP_AFTER_S`, with the others read meanwhile."""
+    drops = _drops.get(line)
+    if drops is None:
+        drops = _drops[line] = _Drops(line)
+    drops.add(rid)
+
+
+async def _drop(line: Line, rids: list[str]) -> None:
+    with contextlib.suppress(Exception):  # Redis away: the streams' TTL drops them instead
+        await line.drop_events(*rids)
 
 
 async def wait_disconnect(receive: Any) -> None:

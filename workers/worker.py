@@ -28,7 +28,7 @@ from fleet.policy import replica_concurrency, tier_capacity
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
-from fleet.store.version_outcomes import record_outcome
+from fleet.store.version_outcomes import queue_outcome
 from fleet.tasks import cancel_and_wait
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
@@ -311,11 +311,11 @@ class Worker:
             # Every token generated is charged, useful or not (late, failed, cancelled), except a
             # preempted attempt's: it runs again, and only the attempt that ends it counts.
             if not self.preemptor.untrack(c.rid, attempt):
-                with contextlib.suppress(Exception):
-                    await self.ledger.record_tokens(str(p.get("key") or ""), c.priority, prompt_tokens,
-                                                    completion_tokens, useful=useful)
-                    if ended is not None:
-                        await record_outcome(self.redis, self.line.keys, self.version, ended, t_first - t0)
+                with contextlib.suppress(Exception):  # the version's outcome goes in the charge's round trip
+                    await self.ledger.record_tokens(
+                        str(p.get("key") or ""), c.priority, prompt_tokens, completion_tokens, useful=useful,
+                        also=None if ended is None else lambda pipe: queue_outcome(
+                            pipe, self.line.keys, self.version, bool(ended), t_first - t0))
 
     async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not

@@ -33,9 +33,12 @@ lifetime totals and tokens by key and class.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from fleet.config import TierConfig
 from fleet.store.keys import TierKeys
@@ -212,13 +215,30 @@ class Ledger:
         )
         return int(ms) / 1000
 
-    async def record_tokens(self, key: str, priority: str, prompt: int, completion: int, *, useful: bool) -> None:
-        """Charge the tokens one request attempt generated. Call once per attempt."""
-        if prompt <= 0 and completion <= 0:
+    async def record_tokens(self, key: str, priority: str, prompt: int, completion: int, *, useful: bool,
+                            also: Callable[[Any], Any] | None = None) -> None:
+        """Charge the tokens one request attempt generated. Call once per attempt.
+
+        `also(pipeline)` queues the caller's own writes (a worker's version outcome) to go out in
+        the same round trip as the charge; they run even when there is nothing to charge."""
+        keys = [self.keys.ledger_total]
+        args = [self.day_prefix, key or "-", priority, max(0, prompt), max(0, completion), "1" if useful else "0",
+                self.token_nano, RETAIN_DAYS * 86400]
+        charge = prompt > 0 or completion > 0
+        if also is None:
+            if charge:
+                await self._tokens(keys=keys, args=args)
             return
-        await self._tokens(keys=[self.keys.ledger_total],
-                           args=[self.day_prefix, key or "-", priority, max(0, prompt), max(0, completion),
-                                 "1" if useful else "0", self.token_nano, RETAIN_DAYS * 86400])
+        async with self.redis.pipeline(transaction=False) as p:
+            if charge:  # EVALSHA itself: a Script on a pipeline costs a SCRIPT EXISTS round trip first
+                p.evalsha(self._tokens.sha, len(keys), *keys, *args)
+            also(p)
+            got = await p.execute(raise_on_error=False)
+        if charge and isinstance(got[0], NoScriptError):  # not run (Redis lost its scripts): run it now, once
+            got[0] = await self._tokens(keys=keys, args=args)
+        for r in got:
+            if isinstance(r, Exception):
+                raise r
 
     async def _fields(self, plan: dict[int, list[str]], kinds: tuple[str, ...]) -> dict[str, int]:
         days = list(plan)

@@ -361,9 +361,10 @@ class Line:
             p.expire(wake_key, self.result_ttl_s)
             await p.execute()
 
-    async def drop_events(self, rid: str) -> None:
-        """The result stream has been read: drop it now rather than at its TTL."""
-        await self.redis.unlink(self.keys.result(rid))
+    async def drop_events(self, *rids: str) -> None:
+        """These result streams have been read: drop them now rather than at their TTL."""
+        if rids:
+            await self.redis.unlink(*(self.keys.result(rid) for rid in rids))
 
     async def wait_for_work(self, timeout_s: float) -> None:
         """Block until an enqueue rings the bell or the timeout passes."""

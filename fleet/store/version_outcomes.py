@@ -11,6 +11,8 @@ bounds memory at any call rate.
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.asyncio import Redis
 
 from fleet.policy import Outcome
@@ -22,8 +24,14 @@ READ_AT_MOST = 5_000  # per read; the reader comes back for the rest at its next
 
 async def record_outcome(redis: Redis, keys: TierKeys, version: str, ok: bool, ttft_s: float) -> None:
     """One finished call of `version` (the worker's only write here); the TTFT counts only when ok."""
-    await redis.xadd(keys.version_outcomes, {"v": version, "ok": int(ok), "ttft": round(ttft_s, 6) if ok else -1},
-                     maxlen=MAXLEN, approximate=True)
+    await queue_outcome(redis, keys, version, ok, ttft_s)
+
+
+def queue_outcome(redis: Any, keys: TierKeys, version: str, ok: bool, ttft_s: float) -> Any:
+    """`record_outcome`'s write, on a client or queued on a pipeline (the worker sends it with its
+    token charge, `Ledger.record_tokens(also=...)`): returns what the client's `xadd` does."""
+    return redis.xadd(keys.version_outcomes, {"v": version, "ok": int(ok), "ttft": round(ttft_s, 6) if ok else -1},
+                      maxlen=MAXLEN, approximate=True)
 
 
 def _s(v: bytes | str) -> str:
