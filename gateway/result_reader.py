@@ -158,6 +158,9 @@ class _Tier:
             pause = len(self.watches) * PACE_PER_CALL_S - (loop.time() - began)
             if pause > 0.0005:
                 await asyncio.sleep(pause)
+            elif news:
+                # The calls just woken answer their callers first; the next read (a send) waits one turn.
+                await asyncio.sleep(0)
 
     def _fail(self, e: BaseException) -> None:
         """The calls waiting when the read failed get its error; they end (503 or an error event)."""
