@@ -29,12 +29,18 @@ ADMITTING_HOLD_MS = 5000
 OBSERVE_AND_MARK = CLOCK + LUA_BY_CLASS + f"""
 local out = {{n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}}
 local oldest = oldest_enq
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now))
-local pend = {{0, 0, 0, 0}}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-  local r = tonumber(string.sub(m, 1, 1)) + 1
-  pend[r] = pend[r] + 1
+-- The marks of calls being admitted, those expired dropped: one call unless some expired.
+local pend, stale = {{0, 0, 0, 0}}, false
+local marks = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+for i = 1, #marks, 2 do
+  if tonumber(marks[i + 1]) <= now then
+    stale = true
+  else
+    local r = tonumber(string.sub(marks[i], 1, 1)) + 1
+    pend[r] = pend[r] + 1
+  end
 end
+if stale then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now)) end
 for r = 1, 4 do out[#out + 1] = pend[r] end
 redis.call('ZADD', KEYS[4], n2s(now + tonumber(ARGV[4])), ARGV[3])
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[4]) * 2)

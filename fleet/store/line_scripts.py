@@ -18,14 +18,16 @@ OUTCOMES = ("completed", "expired", "cancelled", "failed", "unavailable")
 # the longest waiter joined, or now). Shared by OBSERVE and the gateway's
 # admission view (`fleet.store.admitting`).
 LUA_BY_CLASS = """
-local by_class, oldest_enq = {}, now
-for rank = 0, 3 do
-  local lo, hi = n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15)
-  by_class[#by_class + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi)
-  local head = redis.call('ZRANGEBYSCORE', KEYS[1], lo, hi, 'LIMIT', 0, 1)
-  if #head > 0 then
-    local enq = tonumber(redis.call('HGET', ARGV[2] .. 'req:' .. head[1], 'enq') or now)
-    if enq < oldest_enq then oldest_enq = enq end
+local by_class, oldest_enq = {0, 0, 0, 0}, now
+if redis.call('ZCARD', KEYS[1]) > 0 then  -- an empty line (the common case when idle) costs one call
+  for rank = 0, 3 do
+    local lo, hi = n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15)
+    by_class[rank + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi)
+    if by_class[rank + 1] > 0 then
+      local head = redis.call('ZRANGEBYSCORE', KEYS[1], lo, hi, 'LIMIT', 0, 1)
+      local enq = tonumber(redis.call('HGET', ARGV[2] .. 'req:' .. head[1], 'enq') or now)
+      if enq < oldest_enq then oldest_enq = enq end
+    end
   end
 end
 """
@@ -48,8 +50,7 @@ redis.call('HSET', KEYS[6], 'payload', ARGV[3], 'rank', ARGV[2], 'priority', ARG
   'deadline', n2s(deadline), 'enq', n2s(now), 'score', score, 'state', 'queued', 'attempt', 0, 'owner', '')
 redis.call('PEXPIRE', KEYS[6], tonumber(ARGV[4]) + tonumber(ARGV[7]) * 1000)
 redis.call('ZADD', KEYS[1], score, ARGV[1])
-redis.call('LPUSH', KEYS[3], 1)
-redis.call('LTRIM', KEYS[3], 0, 63)
+if redis.call('LPUSH', KEYS[3], 1) > 64 then redis.call('LTRIM', KEYS[3], 0, 63) end
 redis.call('HINCRBY', KEYS[4], 'accepted', 1)
 redis.call('ZADD', KEYS[5], n2s(now), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - tonumber(ARGV[8])))
