@@ -313,6 +313,10 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
                         await ticket.close(ended)
             raise
 
+    # Every request is matched against the routes in order (a regex each): the two every client
+    # calls go first, the rest keep their order (a path matches one route whatever the order).
+    hot = ("/v1/chat/completions", "/v1/completions")
+    app.router.routes.sort(key=lambda r: getattr(r, "path", "") not in hot)
     return app
 
 
