@@ -249,8 +249,10 @@ class Worker:
                         finish_reason = d.finish_reason
                     if stream:
                         if d.text:
-                            attempt.sent = True
+                            first, attempt.sent = not attempt.sent, True
                             self.streams.push(c.lease, d.text)
+                            if first:  # the writer sends it now, not after the rest of a burst is read
+                                await asyncio.sleep(0)
                     else:
                         parts.append(d.text)
                 if stream:
