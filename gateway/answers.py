@@ -7,6 +7,7 @@ event: the fleet failed it, or its Redis went away mid-stream) and then
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import orjson
 from redis.exceptions import RedisError
+from starlette.responses import StreamingResponse
 
 from fleet.store.line import Line
 from gateway.errors import from_event
@@ -24,6 +26,38 @@ from gateway.schemas import ChatBody, CompletionBody
 from gateway.tickets import Ticket, Usage, outcome_of
 
 log = logging.getLogger("fleet.gateway")
+
+
+class SSEResponse(StreamingResponse):
+    """Starlette's StreamingResponse, with its first bytes written on the call's own task.
+
+    Under an ASGI server of spec < 2.4 (uvicorn says 2.3) Starlette streams from a new task of an
+    anyio task group while the call's task listens for the client's disconnect: a task and a loop
+    turn before the headers and the first chunk go out. Here the call's task streams, and the
+    listener is the task started beside it; when the client leaves it cancels the stream, which
+    ends the way Starlette's does (the generator's clean-up runs, the response returns)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        me = asyncio.current_task()
+        state = {"gone": False, "done": False}
+
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["done"] and me is not None:  # after the last chunk, receive says disconnect too
+                state["gone"] = True
+                me.cancel()
+
+        listener = asyncio.ensure_future(listen())
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not state["gone"] or me is None:
+                raise  # cancelled from outside (shutdown): not ours to swallow
+            me.uncancel()  # the client left: the stream ended, as Starlette's task group ends it
+        finally:
+            state["done"] = True
+            listener.cancel()
 
 
 def usage_of(ev: dict[str, Any]) -> Usage:

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import orjson
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -31,7 +31,7 @@ from fleet.store.leader import leader_of
 from fleet.store.line import Line
 from fleet.tasks import cancel_and_wait
 from gateway.admission import Admission, AdmissionRequest, Ticket, estimate_prompt_tokens, outcome_of
-from gateway.answers import final_body, sse, usage_of
+from gateway.answers import SSEResponse, final_body, sse, usage_of
 from gateway.auth import KeyRing, authenticate, require_status_reader
 from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, from_event, install_error_handlers
@@ -292,7 +292,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
                 raise err
             created = int(time.time())
             if body.stream:
-                return StreamingResponse(sse(gw.orphans, line, rid, kind, body, first, stream, created, rec, ticket),
+                return SSEResponse(sse(gw.orphans, line, rid, kind, body, first, stream, created, rec, ticket),
                                          media_type="text/event-stream", headers=headers)
             spawn(close_events(stream))
             rec.done(first)
