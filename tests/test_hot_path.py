@@ -35,6 +35,7 @@ from fleet.store.keys import TierKeys
 from fleet.store.ledger import Ledger
 from fleet.store.line import Line
 from fleet.store.version_outcomes import queue_outcome, read_outcomes
+from gateway.answers import SSEResponse
 from tests.harness import TEST_CONFIG, Fleet
 
 CONFIG = """
@@ -229,3 +230,55 @@ async def test_a_charge_pipelined_with_another_write_is_exact_even_without_its_s
         assert [o.ok for o in outcomes] == [True, True, False]
     finally:
         await r.aclose()
+
+
+# --- a stream's first bytes on the call's own task -------------------------------------------
+
+
+async def _respond(gen_blocks: bool, leave_after_first: bool) -> tuple[list[dict[str, object]], list[str]]:
+    """Run an SSEResponse over a generator of two chunks (or one, then a wait for ever); the client
+    leaves after the first chunk if asked. Returns what was sent and what the generator saw."""
+    seen: list[str] = []
+    first_out, leave = asyncio.Event(), asyncio.Event()
+
+    async def gen():  # type: ignore[no-untyped-def]
+        try:
+            yield b"data: 1\n\n"
+            first_out.set()
+            if gen_blocks:
+                await asyncio.Event().wait()
+            yield b"data: 2\n\n"
+        finally:
+            seen.append("clean-up")
+
+    sent: list[dict[str, object]] = []
+
+    async def send(m: dict[str, object]) -> None:
+        sent.append(m)
+
+    async def receive() -> dict[str, str]:
+        if leave_after_first:
+            await first_out.wait()
+        else:
+            await leave.wait()  # never: the response ends first
+        return {"type": "http.disconnect"}
+
+    await SSEResponse(gen(), media_type="text/event-stream")({"type": "http"}, receive, send)
+    return sent, seen
+
+
+async def test_a_stream_whose_client_leaves_ends_with_its_clean_up() -> None:
+    sent, seen = await _respond(gen_blocks=True, leave_after_first=True)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[1]["body"] == b"data: 1\n\n" and seen == ["clean-up"]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the client's leaving is no cancel
+
+
+async def test_a_stream_runs_to_its_end_and_a_cancel_from_outside_still_cancels() -> None:
+    sent, seen = await _respond(gen_blocks=False, leave_after_first=False)
+    assert [m.get("body") for m in sent] == [None, b"data: 1\n\n", b"data: 2\n\n", b""] and seen == ["clean-up"]
+    task = asyncio.ensure_future(_respond(gen_blocks=True, leave_after_first=False))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
