@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from simulator.arrivals import build_trace
-from simulator.baselines import clairvoyant_bound
+from simulator.bound import clairvoyant_bound
 from simulator.report import checks, compare_rows, render_checks, render_compare, render_summary, summarize
 from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario

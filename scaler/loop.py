@@ -83,6 +83,7 @@ class Scaler:
                               rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
         self.leader = False
         self.calm_since: dict[str, float | None] = {}
+        self.calm_keep: dict[str, int] = {}
         self.measured: dict[str, deque[float]] = {t: deque(maxlen=MEASURED_KEPT) for t in cfg.tiers}
         # Start-ups that timed out ran at least this long: until one is measured, the
         # expected start-up is no shorter (the sim profile's may be far off a real engine's).
@@ -146,6 +147,7 @@ class Scaler:
             # Resume the hold and the measured start-up where the last leader left them.
             last = await read_scaler_state(self.redis, TierKeys(self.cfg.namespace, tier), stale_after_s=None)
             self.calm_since[tier] = last.calm_since if last else None
+            self.calm_keep[tier] = last.calm_keep if last else 0
             if last is not None and last.startup_s is not None and not self.measured[tier]:
                 self.measured[tier].append(last.startup_s)
         for ev in await self.supervisor.restore():
@@ -223,9 +225,10 @@ class Scaler:
             obs, cap, prewarm_floor=prewarm.floor,
             budget_ceiling=budget_ceiling_for(obs.budget.ceiling if obs.budget else None, obs.budget is not None,
                                               tier_has_budget(tc), have),
-            gpu_ceiling=gpu_ceiling(have, reps.draining, room), calm_since=self.calm_since.get(tier))
+            gpu_ceiling=gpu_ceiling(have, reps.draining, room), calm_since=self.calm_since.get(tier),
+            calm_keep=self.calm_keep.get(tier, 0))
         d = decide_tier(state, tc, now)
-        self.calm_since[tier] = d.calm_since
+        self.calm_since[tier], self.calm_keep[tier] = d.calm_since, d.calm_keep
         live = await self.rollouts.live(tier)  # new replicas start at the live version
         note = await self._execute(tier, d, obs, live)
         if d.action in ("hold", "capped"):  # a rollout steps only while the scaler's own decision holds
@@ -272,16 +275,18 @@ class Scaler:
             return "" if started == d.delta else f" (started {started}; capped: gpu_memory)"
         if d.action == "scale_in":
             ours = {r.id for r in self.supervisor.of_tier(tier) if r.state in ("starting", "ready")}
-            # The policy names it; it finishes what it holds before leaving.
-            victims = scale_in_victims(obs.replicas.members, 1,
+            # The policy names them; each finishes what it holds before leaving.
+            victims = scale_in_victims(obs.replicas.members, -d.delta,
                                        eligible=self.rollouts.scale_in_eligible(tier, obs, ours))
             if not victims:
                 return " (no replica this supervisor can drain)"
-            victim = victims[0]
-            if not await self._lease_ok():
-                return " (lease lost)"
-            how = await self.rollouts.retire(tier, victim.id)  # an old version's may park, warm
-            return f" ({'parking' if how == 'park' else 'draining'} {victim.id}, {victim.in_use} in flight)"
+            done = []
+            for victim in victims:
+                if not await self._lease_ok():
+                    return f" ({', '.join(done)}; lease lost)" if done else " (lease lost)"
+                how = await self.rollouts.retire(tier, victim.id)  # an old version's may park, warm
+                done.append(f"{'parking' if how == 'park' else 'draining'} {victim.id}, {victim.in_use} in flight")
+            return f" ({'; '.join(done)})"
         return ""
 
     async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,
@@ -291,7 +296,7 @@ class Scaler:
             floor=d.floor, ceiling=d.ceiling, ceiling_by=d.ceiling_by, desired=d.desired, action=d.action,
             delta=d.delta, reason=d.reason + note, code=d.code, at=now, ts=now, scaler=self.id,
             ready=count["ready"], starting=count["starting"], draining=count["draining"], prewarm_floor=pw.floor,
-            prewarm_until=pw.until, prewarm_source=pw.source or "", calm_since=d.calm_since,
+            prewarm_until=pw.until, prewarm_source=pw.source or "", calm_since=d.calm_since, calm_keep=d.calm_keep,
             startup_s=round(startup, 3), last_action=d.action if acted else "",
             last_reason=d.reason + note if acted else "", last_at=now if acted else None))
         key = (d.action, d.code)

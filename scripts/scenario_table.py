@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from simulator.arrivals import build_trace
-from simulator.baselines import clairvoyant_bound
+from simulator.bound import clairvoyant_bound
 from simulator.report import checks, compare_rows, summarize
 from simulator.run import POLICIES, simulate
 from simulator.scenario import load_scenario

@@ -86,6 +86,7 @@ class OurPolicy(SimPolicy):
     def __init__(self) -> None:
         self.tick_s = 1.0
         self.calm_since: dict[str, float | None] = {}
+        self.calm_keep: dict[str, int] = {}
         self.calibration: dict[str, Calibration] = {}
         self.capacity: dict[str, TierCapacity] = {}  # as the scaler last published it, for admission
 
@@ -120,7 +121,7 @@ class OurPolicy(SimPolicy):
         state = scaling_state(obs, cap, prewarm_floor=pw.floor,
                               budget_ceiling=budget_ceiling_for(b.ceiling if b else None, b is not None,
                                                                 tier_has_budget(tc), reps.ready + reps.starting),
-                              calm_since=self.calm_since.get(tier))
+                              calm_since=self.calm_since.get(tier), calm_keep=self.calm_keep.get(tier, 0))
         d = decide_tier(state, tc, obs.now)
-        self.calm_since[tier] = d.calm_since
+        self.calm_since[tier], self.calm_keep[tier] = d.calm_since, d.calm_keep
         return Action(d.action, d.delta, d.reason, d.code, d.floor, d.ceiling)

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleet.config import CLASSES
 from fleet.policy.tier_budget import cost_per_useful_million
-from simulator.baselines import TierBound
+from simulator.bound import TierBound
 from simulator.results import SimResult
 
 

@@ -43,10 +43,10 @@ def reset_soon() -> tuple[str, float]:
 def governed(redis_url: str, tmp_path: Path) -> Iterator[tuple[Fleet, float, float]]:
     cfg = yaml.safe_load(TEST_CONFIG.read_text())
     reset_at, end = reset_soon()
-    # The floor (one replica) to the reset, plus $100: a burst's extra replicas are projected
-    # for their least hold (50 s for the first, 100 s for the second), so one extra fits
-    # and two (three running) do not; a burst of under 50 s leaves the floor affordable again.
-    budget = round((end - time.time()) + 100, 2)
+    # The floor (one replica) to the reset, plus $90: a burst's extra replicas are projected
+    # for their least hold (50 s, $50 each), so one extra fits and two (three running) do
+    # not; a burst of under 45 s (two extras at $1/s each) leaves the floor affordable again.
+    budget = round((end - time.time()) + 90, 2)
     cfg["tiers"][TIER].update(
         hourly_usd=3600.0, max_replicas=4, slots=4, scale_in_hold_s=50,
         wait_limit_s={"committed": 30.0, "interactive": 30.0, "speculative": 30.0, "background": 30.0},

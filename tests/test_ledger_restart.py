@@ -32,6 +32,20 @@ def totals(f: Fleet) -> Spend:
     return asyncio.run(read())
 
 
+def charged(f: Fleet, replica: str) -> tuple[int, int, int]:
+    """(replica-milliseconds the ledger charged in all, `replica`'s last mark in ms, the process
+    start in ms of the incarnation that made it), read in one transaction so that no beat falls
+    between the total and the mark."""
+    k = f.keys(TIER)
+    with f.r.pipeline(transaction=True) as p:
+        p.hgetall(k.ledger_total)
+        p.hget(k.ledger_beats, replica)
+        total, mark = p.execute()
+    ms = sum(int(v) for name, v in total.items() if name.startswith(b"rs:"))
+    at, _, born = mark.decode().split("|")
+    return ms, int(at), int(born)
+
+
 def status(f: Fleet) -> dict[str, Any]:
     return httpx.get(f"{f.base_url}/v1/fleet/status", timeout=10).json()["tiers"][TIER]
 
@@ -72,8 +86,11 @@ def test_ledger_survives_restarts_and_counts_each_second_once(redis_url: str, tm
         gateway.wait(15)
         before = totals(f)
         assert before.useful_tokens == useful and before.replica_s["starting"] > 0 and before.replica_s["ready"] > 0
-        time.sleep(0.5)
-        assert totals(f).usd == before.usd  # nothing accrues while nothing runs
+        # Exactly the first incarnation's life: from its process start to its last beat.
+        ms1, mark1, born1 = charged(f, "routing-1")
+        assert ms1 == mark1 - born1
+        time.sleep(0.5)  # a stretch with nothing running; the gateway's restart below adds to it
+        assert totals(f).usd == before.usd  # nothing accrues while nothing runs (the exact check follows)
 
         # Back up; the supervisor reuses the replica id for the new process.
         f.start_gateway()
@@ -85,6 +102,12 @@ def test_ledger_survives_restarts_and_counts_each_second_once(redis_url: str, tm
         assert after.replica_s["starting"] > before.replica_s["starting"]  # the second cold start is billed too
         # Never more replica-seconds than one replica at a time could have run since the first start.
         assert sum(after.replica_s.values()) <= time.time() - t0 + 0.5
+        # Nor any for the time nothing ran, charged late by the new incarnation: a sleep and a look
+        # above could not show that. The ledger holds exactly the two lives, and the gap between
+        # them (at least the 0.5 s and the gateway's restart) is in neither.
+        ms2, mark2, born2 = charged(f, "routing-1")
+        assert born2 - mark1 >= 500, (mark1, born2)  # a gap long enough that charging it would show
+        assert ms2 == ms1 + (mark2 - born2), (ms1, ms2, mark2 - born2, born2 - mark1)
         now = wait_until(lambda: (s := status(f))["tokens_today"] and s["tokens_today"]["useful"] == useful and s,
                          10, what="the governor's judgement of the new tokens")
         assert now["spend_usd"] >= spend_before + (after.usd - before.usd) - 0.5

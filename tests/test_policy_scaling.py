@@ -125,12 +125,12 @@ def test_above_a_lowered_ceiling_the_tier_steps_down_by_the_same_careful_rules()
     # The budget now allows 3 of the 6 running; demand would keep all 6.
     busy = state(ready=6, arrival_rate=45.0, service_rate=45.0, budget_ceiling=3, calm_since=NOW - 31)
     d = decide_tier(busy, CFG, NOW)
-    assert (d.action, d.delta, d.code) == ("scale_in", -1, "budget")
-    assert d.reason == "scale_in: calm 31 s >= 30 s, 6 -> 5 (floor 2, above the ceiling 3 (budget))"
+    assert (d.action, d.delta, d.code) == ("scale_in", -3, "budget")  # to the ceiling, in one step
+    assert d.reason == "scale_in: calm 31 s >= 30 s, 6 -> 3 (floor 2, above the ceiling 3 (budget))"
     assert decide_tier(dataclasses.replace(busy, starting=1), CFG, NOW).reason == "hold: 1 starting"
-    # A queued line does not keep the tier above its ceiling: the step drains, the rest serve the line.
+    # A queued line does not keep the tier above its ceiling: the steps drain, the rest serve the line.
     queued = decide_tier(dataclasses.replace(busy, waiting=400, oldest_wait_s=9.0, service_rate=40.0), CFG, NOW)
-    assert (queued.action, queued.delta, queued.code) == ("scale_in", -1, "budget")
+    assert (queued.action, queued.delta, queued.code) == ("scale_in", -3, "budget")
     assert decide_tier(dataclasses.replace(busy, calm_since=NOW - 5), CFG, NOW).code == "hold_period"
     # Never below the floor, whatever the budget.
     assert decide_tier(state(ready=2, budget_ceiling=0, calm_since=NOW - 99), CFG, NOW).action == "hold"
@@ -148,15 +148,27 @@ def test_floor_is_the_larger_of_warm_floor_and_prewarm() -> None:
     assert (d.action, d.code) == ("capped", "budget")
 
 
-def test_scale_in_only_when_idle_after_the_hold_and_one_at_a_time() -> None:
+def test_scale_in_only_after_the_hold_down_to_the_highest_need_it_saw() -> None:
     idle = state(ready=5)
     d = decide_tier(idle, CFG, NOW)
-    assert d.action == "hold" and d.code == "hold_period" and d.calm_since == NOW
+    assert d.action == "hold" and d.code == "hold_period" and d.calm_since == NOW and d.calm_keep == 0
     d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 29), CFG, NOW)
     assert d.action == "hold" and d.reason == "hold: calm 29 s of 30 s before scale-in"
     d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 30), CFG, NOW)
-    assert (d.action, d.delta) == ("scale_in", -1)
+    assert (d.action, d.delta) == ("scale_in", -3)  # nothing needed them over the hold: to the floor
+    assert d.reason == ("scale_in: calm 30 s >= 30 s, 5 -> 2 (floor 2, need at most 0 with noise margin "
+                        "over the hold)")
     assert d.calm_since == NOW  # the next step waits a whole hold again
+    # A need of 4 seen during the hold (carried in calm_keep) bounds the step: 5 -> 4, and a tick
+    # that needs 3 now does not lower what the hold saw.
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 30, calm_keep=4, arrival_rate=20.0,
+                                        service_rate=20.0), CFG, NOW)
+    assert (d.action, d.delta) == ("scale_in", -1) and "5 -> 4" in d.reason
+    assert d.calm_keep == 3  # the new hold starts from the need now
+    # The hold carries its highest need from tick to tick.
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 10, calm_keep=1, arrival_rate=20.0,
+                                        service_rate=20.0), CFG, NOW)
+    assert d.action == "hold" and d.calm_keep == 3
     # Never with a line, never while one starts (even after the hold).
     d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 99, waiting=1, service_rate=5.0), CFG, NOW)
     assert d.reason == "hold: line not empty (1 waiting)"
@@ -175,18 +187,20 @@ def test_drain_over_threshold_resets_the_hold_but_a_short_calm_line_does_not() -
     assert d.calm_since == NOW - 20  # a brief, quickly served line is no reason to start the wait over
 
 
-def test_a_raised_floor_steps_down_in_stages_after_the_window() -> None:
-    """After a pre-warm to 8 ends, the tier comes down one replica per hold period."""
+def test_a_raised_floor_comes_down_to_the_need_a_hold_after_the_window() -> None:
+    """After a pre-warm to 8 ends, the tier keeps what the traffic needs over a whole hold, and
+    gives back the rest in one step; with no traffic, down to the warm floor."""
     cfg = TierConfig(warm_floor=2, max_replicas=12, scale_in_hold_s=30)
-    ready, calm, removals = 8, None, []
-    for t in range(0, 400, 1):  # one tick a second, no traffic
-        d = decide_tier(state(ready=ready, calm_since=calm), cfg, NOW + t)
-        calm = d.calm_since
-        if d.action == "scale_in":
-            ready -= 1
-            removals.append(t)
-    assert ready == 2
-    assert removals == [30, 60, 90, 120, 150, 180]
+    for rate, left in ((0.0, 2), (20.0, 3)):  # 20/s at 8/s a replica needs 3
+        ready, calm, keep, removals = 8, None, 0, []
+        for t in range(0, 400, 1):  # one tick a second
+            d = decide_tier(state(ready=ready, calm_since=calm, calm_keep=keep, arrival_rate=rate,
+                                  service_rate=rate), cfg, NOW + t)
+            calm, keep = d.calm_since, d.calm_keep
+            if d.action == "scale_in":
+                ready += d.delta
+                removals.append(t)
+        assert (ready, removals) == (left, [30])
 
 
 def test_the_oldest_wait_is_a_second_signal() -> None:
@@ -266,7 +280,7 @@ def cases(draw: st.DrawFn) -> tuple[TierState, TierConfig, float]:
         per_replica_rate=draw(st.floats(0.05, 50)), startup_s=draw(st.floats(0, 300)),
         prewarm_floor=draw(st.integers(0, 25)),
         budget_ceiling=draw(st.none() | st.integers(0, 25)), gpu_ceiling=draw(st.none() | st.integers(0, 25)),
-        calm_since=draw(st.none() | st.floats(now - 500, now)),
+        calm_since=draw(st.none() | st.floats(now - 500, now)), calm_keep=draw(st.integers(0, 25)),
     )
     return s, cfg, now
 
@@ -288,10 +302,14 @@ def test_invariants(case: tuple[TierState, TierConfig, float]) -> None:
         again = decide_tier(dataclasses.replace(s, starting=s.starting + d.delta), cfg, now)
         assert again.action != "scale_out" and again.delta <= 0
     elif d.action == "scale_in":
-        assert d.delta == -1  # at most one per step
+        assert d.delta <= -1
         assert s.starting == 0  # never while starting
         assert s.waiting == 0 or have > ceiling  # only with an empty line, unless above the ceiling
-        assert have - 1 >= floor  # never below the floor
+        assert have + d.delta >= floor  # never below the floor
+        if have > ceiling:
+            assert have + d.delta >= ceiling  # above the ceiling: down to it, no further
+        else:  # never below the highest need the hold saw (carried in, or seen now)
+            assert have + d.delta >= s.calm_keep if s.calm_since is not None else True
         # Calm for the whole hold (a calm that starts now is enough only for a hold of 0).
         assert now - (now if s.calm_since is None else s.calm_since) >= cfg.scale_in_hold_s
         assert d.code == "idle" or have > ceiling  # for lack of demand, or above a lowered ceiling
@@ -378,11 +396,10 @@ def test_a_busy_line_does_not_hold_the_tier_above_a_lowered_ceiling() -> None:
         calm = d.calm_since
         assert d.action in ("hold", "scale_in", "capped") and d.delta <= 0  # never adds above the ceiling
         if d.action == "scale_in":
-            assert d.delta == -1
-            ready -= 1
+            ready += d.delta
             steps.append(t)
     assert ready == 3  # back under the ceiling, not below it
-    assert steps == [120, 240, 360]  # one at a time, a hold period apart
+    assert steps == [120]  # a hold after it went over, to the ceiling in one step
     # Never while a replica starts, even above the ceiling.
     s = TierState(waiting=300, oldest_wait_s=8.0, arrival_rate=60.0, service_rate=60.0, ready=5, starting=1,
                   per_replica_rate=10.0, startup_s=20.0, budget_ceiling=3, calm_since=NOW - 999)

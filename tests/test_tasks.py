@@ -20,10 +20,14 @@ async def test_a_loop_on_redis_always_stops_though_a_cancel_gets_lost(redis_url:
     clients = Clients.open(redis_url, name="test-tasks")  # the parts' own clients, socket timeout and all
     r, key, lost = clients.calls, f"test-tasks:{uuid.uuid4().hex}", 0
 
+    beats: dict[asyncio.Task[None] | None, int] = {}
+
     async def beat() -> None:  # a heartbeat loop: as the worker's, it stops only by cancellation
         while True:
             await asyncio.sleep(0.001)
             await r.hset(key, "beat", "1")
+            me = asyncio.current_task()
+            beats[me] = beats.get(me, 0) + 1
 
     try:
         for _ in range(100):
@@ -36,7 +40,11 @@ async def test_a_loop_on_redis_always_stops_though_a_cancel_gets_lost(redis_url:
             assert t.done()
         # Several loops at once, each cancelled again until it has ended.
         many = [asyncio.create_task(beat()) for _ in range(20)]
-        await asyncio.sleep(0.02)
+        # Each has beaten (been to Redis and back) before the cancel: a loop cancelled before its
+        # first await of Redis would stop on any cancel, and the check below would prove nothing.
+        async with asyncio.timeout(10):
+            while not all(beats.get(t) for t in many):  # noqa: ASYNC110 (the loops have no event to await)
+                await asyncio.sleep(0.001)
         await asyncio.wait_for(cancel_and_wait(*many, None), 10)
         assert all(t.done() for t in many)
     finally:

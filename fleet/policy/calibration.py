@@ -86,7 +86,8 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
     elif steady and obs.completions_in_window >= MIN_LITTLE_COMPLETIONS:
         reading = littles_factor(tc, obs, served)
         if reading is not None:
-            weight = 1.0 if measured_at is None else min(1.0, max(0.0, obs.now - measured_at) / (LITTLE_SMOOTHING * obs.window_s))
+            since = obs.now - measured_at if measured_at is not None else None
+            weight = 1.0 if since is None else min(1.0, max(0.0, since) / (LITTLE_SMOOTHING * obs.window_s))
             factor, measured_at = _bounded(factor + weight * (reading - factor)), obs.now
     return Calibration(startup_s=startup, rate_factor=factor, measured_startups=len(obs.startups_measured),
                        ready=ready, ready_since=ready_since, measured_at=measured_at)

@@ -133,7 +133,7 @@ def judge_admission(obs: TierObservation, cap: TierCapacity, priority: Priority,
 
 
 def scaling_state(obs: TierObservation, cap: TierCapacity, *, prewarm_floor: int = 0, budget_ceiling: int | None,
-                  gpu_ceiling: int | None = None, calm_since: float | None) -> TierState:
+                  gpu_ceiling: int | None = None, calm_since: float | None, calm_keep: int = 0) -> TierState:
     """The `TierState` `decide_tier` judges, from an observation and the (calibrated) capacity.
     `budget_ceiling`: see `fleet.policy.scaling.budget_ceiling_for`."""
     reps = obs.replicas
@@ -141,4 +141,5 @@ def scaling_state(obs: TierObservation, cap: TierCapacity, *, prewarm_floor: int
         waiting=waiting(obs), oldest_wait_s=obs.oldest_wait_s, arrival_rate=arrival_rate(obs),
         service_rate=service_rate(obs), ready=reps.ready, starting=reps.starting, draining=reps.draining,
         per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s, prewarm_floor=prewarm_floor,
-        budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since, rate_window_s=obs.window_s)
+        budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since, calm_keep=calm_keep,
+        rate_window_s=obs.window_s)

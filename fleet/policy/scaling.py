@@ -12,17 +12,20 @@ same why. The rules (`000_...txt` part III, `002_...txt`):
   the budget allows, what the GPUs can hold);
 - scale-out counts replicas already starting and the backlog that piles up
   while they start, so a need is never ordered twice;
-- scale-in removes one replica at a time, only with an empty line (or above
-  the ceiling, where a queued line does not keep the tier over it), only after
-  the drain time stayed under the threshold for `scale_in_hold_s`, never while
-  a replica of the tier is starting; each step restarts the hold, so a raised
-  floor comes down in stages and a second, smaller spike does not pay the
-  cold-start tax again.
+- scale-in is HPA's scale-down stabilisation: only with an empty line (or
+  above the ceiling, where a queued line does not keep the tier over it), only
+  after the need (with its noise margin) stayed below the ready replicas for
+  `scale_in_hold_s`, never while a replica of the tier is starting, it steps
+  down to the highest need seen over that hold (never below the floor; above
+  the ceiling, to the ceiling). Each step restarts the hold, so a raised floor
+  comes down in stages and a second, smaller spike does not pay the cold-start
+  tax again. One replica per hold, as the first version did, kept a planner
+  tier at 6 replicas for ten minutes after a five-minute crowd that needed one.
 
-The scaler carries one timestamp between ticks, `calm_since` (since when the
-drain time has stayed under its threshold with a replica to spare, or when
-the last step down happened); it goes in with the state and comes back in
-the decision.
+The scaler carries two figures between ticks, `calm_since` (since when the
+need has stayed below the ready replicas, or when the last step down
+happened) and `calm_keep` (the highest need seen since then); they go in with
+the state and come back in the decision.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class TierState:
     budget_ceiling: int | None = None  # most replicas the budget allows; None: no limit
     gpu_ceiling: int | None = None  # most replicas the GPUs can hold; None: no GPU limit
     calm_since: float | None = None  # carried by the scaler: see the module doc
+    calm_keep: int = 0  # carried by the scaler: the highest need seen since calm_since
     rate_window_s: float = 0.0  # the window the arrival rate was counted over (its Poisson noise); 0: none
 
 
@@ -77,6 +81,7 @@ class ScaleDecision:
     desired: int  # replicas the demand alone asks for
     drain_s: float
     calm_since: float | None  # carry into the next TierState
+    calm_keep: int = 0  # carry into the next TierState
 
 
 def ceiling_of(max_replicas: int, budget_ceiling: int | None, gpu_ceiling: int | None) -> tuple[int, CeilingBy]:
@@ -213,10 +218,12 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     over = have > ceiling and have > floor
     calm = over or (not hot and keep < s.ready)
     calm_since = (now if s.calm_since is None else s.calm_since) if calm else None
+    calm_keep = (keep if s.calm_since is None else max(s.calm_keep, keep)) if calm else 0
 
-    def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since) -> ScaleDecision:
+    def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since,
+             kept: int = calm_keep) -> ScaleDecision:
         return ScaleDecision(action=action, delta=delta, reason=reason, code=code, floor=floor, ceiling=ceiling,
-                             ceiling_by=ceiling_by, desired=desired, drain_s=drain, calm_since=calm)
+                             ceiling_by=ceiling_by, desired=desired, drain_s=drain, calm_since=calm, calm_keep=kept)
 
     # Above the ceiling (the budget fell, or max_replicas was lowered): step down, by the
     # same careful rules as scale-in, however much the demand would like to keep them.
@@ -266,10 +273,13 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
             above = f" (above the {ceiling_by} ceiling {ceiling})" if over else ""
             return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in{above}",
                         "hold_period")
-        # The step restarts the hold: the next one waits a whole hold period again.
-        why = f"above the ceiling {ceiling} ({ceiling_by})" if over else f"need {keep} with noise margin"
-        return made("scale_in", -1, f"scale_in: calm {calm_for:.0f} s >= {cfg.scale_in_hold_s:g} s, "
-                    f"{have} -> {have - 1} (floor {floor}, {why})", ceiling_by if over else "idle", calm=now)
+        # Down to the highest need the hold saw (above the ceiling: to the ceiling, whatever
+        # the demand), at least one. The step restarts the hold: the next waits a whole hold.
+        goal = min(max(floor, ceiling if over else calm_keep), have - 1)
+        why = (f"above the ceiling {ceiling} ({ceiling_by})" if over
+               else f"need at most {calm_keep} with noise margin over the hold")
+        return made("scale_in", goal - have, f"scale_in: calm {calm_for:.0f} s >= {cfg.scale_in_hold_s:g} s, "
+                    f"{have} -> {goal} (floor {floor}, {why})", ceiling_by if over else "idle", calm=now, kept=keep)
 
     if s.starting:
         return made("hold", 0, f"hold: {s.starting} starting", "starting")

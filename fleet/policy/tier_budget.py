@@ -12,8 +12,8 @@ the simulator agree:
 - windows: the daily window (from `reset_at` in `timezone`) and any named
   windows (a cron start plus a duration) active at `now`;
 - `least_spend`: spent so far + the floor for the rest of the window + each
-  replica above the floor for its least hold (a burst's replicas are scaled in
-  after it);
+  replica above the floor for one hold (a burst's replicas are scaled in after
+  it, at the soonest after one hold);
 - `burst_ceiling`: the most replicas whose least spend keeps the window within
   the budget (`budget_ceiling` is the older burn-to-the-end rule);
 - `judge`: all of that for one tier, with the reason it decided what it did.
@@ -192,8 +192,9 @@ def least_spend(spent_usd: float, replicas: int, floor: int, rest_s: float, hold
     floor for the rest of the window, and each extra replica for its least hold.
 
     A burst's extra replicas do not run to the window's end: once the demand falls they
-    leave one per `scale_in_hold_s` (the k-th extra above the floor after k holds at the
-    soonest). Projecting today's burn to the window's end would leave the budget idle;
+    leave after one `scale_in_hold_s` at the soonest (`decide_tier` steps down to the
+    highest need the hold saw, the floor when the burst is over). Projecting today's
+    burn to the window's end would leave the budget idle;
     this projection lets a burst spend it. If the burst goes on, spend catches up with
     the projection every tick and the ceiling falls; above it the tier steps down at once
     (`decide_tier`), so the window overspends by no more than a tick's burn and the drains.
@@ -202,7 +203,7 @@ def least_spend(spent_usd: float, replicas: int, floor: int, rest_s: float, hold
     base = max(0, floor)
     extra = max(0, replicas - base)
     hold = max(0.0, hold_s)
-    extra_s = sum(min(rest, k * hold) for k in range(1, extra + 1)) if hold > 0 else 0.0
+    extra_s = extra * min(rest, hold)
     return (spent_usd + max(0.0, other_burn_usd_per_s) * rest
             + replica_usd_per_s * (min(replicas, base) * rest + extra_s))
 
@@ -219,18 +220,12 @@ def burst_ceiling(budget_usd: float, spent_usd: float, floor: int, rest_s: float
         left = budget_usd - spent_usd - max(0.0, other_burn_usd_per_s) * rest
         return max(0, math.floor(left / (replica_usd_per_s * rest) + _EPS))
     n = max(0, floor)
-    # Each extra replica adds min(rest, k * hold) seconds: add them while they fit.
+    # Each extra replica adds min(rest, hold) seconds: as many as the budget left pays for.
     cost = least_spend(spent_usd, n, floor, rest, hold_s, replica_usd_per_s, other_burn_usd_per_s)
-    while n < most:
-        k = n + 1 - max(0, floor)
-        more = replica_usd_per_s * (min(rest, k * hold_s) if hold_s > 0 else 0.0)
-        if more <= 0:
-            return None  # extra replicas cost nothing in this window: it does not bound them
-        if cost + more > budget_usd + _EPS:
-            break
-        cost += more
-        n += 1
-    return n
+    each = replica_usd_per_s * min(rest, max(0.0, hold_s))
+    if each <= 0:
+        return None  # extra replicas cost nothing in this window: it does not bound them
+    return min(most, n + max(0, math.floor((budget_usd - cost) / each + _EPS)))
 
 
 def budget_ceiling(budget_usd: float, spent_usd: float, now: float, window_end: float,

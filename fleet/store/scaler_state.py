@@ -44,6 +44,7 @@ class ScalerState:
     prewarm_until: float | None = None
     prewarm_source: str = ""
     calm_since: float | None = None
+    calm_keep: int = 0  # the highest need seen since calm_since: a new leader resumes the hold with it
     startup_s: float | None = None  # the start-up the scaler expects (measured, else modelled)
     last_action: str = ""  # the last action other than hold, and its reason and time
     last_reason: str = ""

@@ -1,0 +1,239 @@
+"""The clairvoyant lower bound: replica-seconds no schedule can go below, knowing the whole trace.
+
+It is no policy: it reads the trace and computes replica-seconds (and spend)
+that no schedule meeting every committed deadline can go below (see
+`tier_bound`). `fleet simulate --compare` ranks every policy against it, and
+`bound_ratio` is a policy's replica-hours over the "every call + floors" bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from fleet.replica_model import cold_start_s, prefill_s, service_s
+from simulator.arrivals import Trace
+from simulator.scenario import Scenario
+
+
+@dataclass
+class TierBound:
+    tier: str
+    ready_s: float  # ready replica-seconds no schedule can go below
+    starting_s: float  # cold-start replica-seconds no schedule can go below
+    committed_calls: int
+    infeasible_calls: int  # calls no schedule could serve on time even alone
+    peak_replicas: int
+    hourly_usd: float
+    token_usd: float  # the committed calls' tokens at the tier's per-token price
+
+    @property
+    def replica_seconds(self) -> float:
+        return self.ready_s + self.starting_s
+
+    @property
+    def spend_usd(self) -> float:
+        return self.replica_seconds * self.hourly_usd / 3600 + self.token_usd
+
+
+class Window(NamedTuple):
+    """One call as the bound sees it: when it may run, and the least work it is."""
+
+    start: float  # earliest start
+    end: float  # latest end
+    service_s: float  # shortest service: alone on a replica (decode step at batch 1)
+    prefill_s: float  # its prefill, which holds a slot beside the decode batch
+    output: int  # tokens to decode
+
+
+def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0) -> dict[str, list[Window]]:
+    """Per tier, every committed call (with `max_class`, every call of that class or higher)
+    as a `Window`.
+
+    A call alone on a replica is served fastest (decode step at batch 1), so
+    `service_s` is a floor on the slot time it occupies. Chain calls get
+    relaxed windows that hold for any schedule: a call cannot start before its
+    ancestors could have finished back to back, and must end early enough for
+    its slowest line of descendants to finish by the chain's deadline.
+    """
+    out: dict[str, list[Window]] = {t: [] for t in sc.cfg.tiers}
+    tcs = sc.cfg.tiers
+
+    def shortest(tier: str, prompt: int, output: int) -> float:
+        return service_s(tcs[tier].sim, prompt, output, 1)
+
+    def window(tier: str, start: float, end: float, prompt: int, output: int, ln: float | None = None) -> Window:
+        ln = shortest(tier, prompt, output) if ln is None else ln
+        return Window(start, end, ln, prefill_s(tcs[tier].sim, prompt), output)
+
+    for a in trace.arrivals:
+        if a.call.cls <= max_class:
+            out[a.call.tier].append(window(a.call.tier, a.t, a.t + a.deadline_s, a.call.prompt, a.call.output))
+    for ch in trace.chains:
+        if ch.cls > max_class:
+            continue
+        lens = [[shortest(c.tier, c.prompt, c.output) for c in stage] for stage in ch.stages]
+        # tail[k][i]: the longest chain of shortest services below call i of stage k.
+        tail: list[list[float]] = [[0.0] * len(s) for s in ch.stages]
+        for k in range(len(ch.stages) - 2, -1, -1):
+            f = ch.fanouts[k + 1]
+            for i in range(len(ch.stages[k])):
+                tail[k][i] = max(lens[k + 1][j] + tail[k + 1][j] for j in range(i * f, (i + 1) * f))
+        head: list[list[float]] = [[ch.t] * len(s) for s in ch.stages]
+        for k in range(1, len(ch.stages)):
+            f = ch.fanouts[k]
+            for j in range(len(ch.stages[k])):
+                parent = j // f
+                head[k][j] = head[k - 1][parent] + lens[k - 1][parent]
+        deadline = ch.t + ch.deadline_s
+        for k, stage in enumerate(ch.stages):
+            for i, c in enumerate(stage):
+                out[c.tier].append(window(c.tier, head[k][i], deadline - tail[k][i], c.prompt, c.output, lens[k][i]))
+    return out
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def least_busy_s(prefill_s: float, output: int, slots: int, base_s: float, per_seq_s: float) -> float:
+    """Replica-seconds no schedule can serve this much work in: `prefill_s` seconds of prefill
+    (each holding a slot) and `output` tokens to decode, on replicas of `slots` slots whose
+    decode step takes base + per_seq x batch.
+
+    A replica running a batch of k beside s - k prefills makes k / step(k) tokens and
+    s - k prefill-seconds per second. Tokens per second grow with k but less than in
+    proportion (the step lengthens), so the cheapest mix runs one k throughout: the k
+    where the two needs take equally long, R = prefill_s / (s - k) = output x step(k) / k.
+    Found by bisection: the first term grows with k, the second falls.
+    """
+    if output <= 0:
+        return prefill_s / slots
+    if prefill_s <= 0:
+        return output * (base_s + per_seq_s * slots) / slots
+
+    def gap(k: float) -> float:
+        return prefill_s / (slots - k) - output * (base_s + per_seq_s * k) / k
+
+    lo, hi = 1e-9, float(slots) - 1e-9
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if gap(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return prefill_s / (slots - lo)
+
+
+def tier_bound(sc: Scenario, tier: str, windows: list[Window],
+               bucket_widths: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0, 900.0, 3600.0),
+               keep_floor: bool = False) -> TierBound:
+    """Replica-seconds no schedule meeting every committed deadline of `tier` can go below.
+
+    Three facts hold for any schedule: a ready replica runs at most `slots` calls
+    at once; a call occupies its slot at least its shortest service time, inside
+    its window; and a replica decodes no faster than its batch allows (a full
+    batch's step is longer than one sequence's: analysis's is 19.2 ms at 12
+    against 12.6 ms alone). So over any stretch of time B the ready
+    replica-seconds are at least
+
+    - the least time the calls whose whole window lies in B take, their prefills
+      and their tokens together (`least_busy_s`; never below their shortest
+      services / slots), and
+    - the integral over B of ceil(calls that must be running at t / slots):
+      a call with window [a, d] and service L is surely running in [d - L, a + L];
+
+    the larger of the two holds for B, and the sums over the buckets of a
+    partition hold for the whole replay (the best of a few partitions is
+    kept). On top, a replica beyond those ready at the start must be started,
+    and pays its cold start before it serves: at least (peak need - initial
+    replicas) cold starts.
+
+    With `keep_floor`, the schedule must also keep the tier's warm floor at all
+    times (as every policy here does): each bucket costs at least floor x its length.
+    """
+    tc = sc.cfg.tiers[tier]
+    slots = tc.slots
+    step = tc.sim.decode_step
+    end = sc.duration_s
+    feasible = [w for w in windows if w.end - w.start >= w.service_s - 1e-9]
+    infeasible = len(windows) - len(feasible)
+    # Mandatory running intervals, clipped to the replay.
+    edges: list[tuple[float, int]] = []
+    for a, d, ln, _, _ in feasible:
+        lo, hi = max(d - ln, 0.0), min(a + ln, end)
+        if hi > lo:
+            edges.append((lo, 1))
+            edges.append((hi, -1))
+    edges.sort()
+    # The step function need(t) = ceil(running(t) / slots), as (t, need) breakpoints.
+    steps: list[tuple[float, int]] = [(0.0, 0)]
+    running = 0
+    for t, d in edges:
+        running += d
+        n = _ceil_div(running, slots)
+        if steps[-1][0] == t:
+            steps[-1] = (t, n)
+        else:
+            steps.append((t, n))
+    step_t = [t for t, _ in steps]
+    cum = [0.0]  # integral of need from 0 to step_t[i]
+    for i in range(1, len(steps)):
+        cum.append(cum[-1] + steps[i - 1][1] * (steps[i][0] - steps[i - 1][0]))
+
+    def need_integral(t: float) -> float:
+        t = min(max(t, 0.0), end)
+        i = bisect.bisect_right(step_t, t) - 1
+        return cum[i] + steps[i][1] * (t - step_t[i])
+
+    floor = tc.warm_floor if keep_floor else 0
+    best = 0.0
+    for w in (*bucket_widths, end):
+        n_b = max(1, math.ceil(end / w))
+        shortest = [0.0] * n_b  # shortest services, summed
+        prefill = [0.0] * n_b
+        tokens = [0] * n_b
+        for a, d, ln, pre, out in feasible:
+            if d > end or a < 0:
+                continue
+            b = int(a // w)
+            if b == int(min(d, end - 1e-9) // w) and b < n_b:
+                shortest[b] += ln
+                prefill[b] += pre
+                tokens[b] += out
+        total = 0.0
+        for b in range(n_b):
+            lo, hi = b * w, min((b + 1) * w, end)
+            fluid = max(shortest[b] / slots, least_busy_s(prefill[b], tokens[b], slots, step.base_s, step.per_seq_s))
+            total += max(fluid, need_integral(hi) - need_integral(lo), floor * (hi - lo))
+        best = max(best, total)
+    peak = max((n for _, n in steps), default=0)
+    initial = tc.warm_floor
+    starting = max(0, peak - initial) * cold_start_s(tc.sim)
+    return TierBound(tier, best, starting, len(windows), infeasible, peak, tc.hourly_usd, 0.0)
+
+
+def clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int = 0, keep_floor: bool = False
+                      ) -> dict[str, TierBound]:
+    """Per tier, the replica-seconds (and spend) below which no schedule serves every committed
+    call on time. With `max_class` 3, every call of every class: the cost of serving it all;
+    with `keep_floor`, while also keeping the warm floors."""
+    wins = committed_windows(sc, trace, max_class)
+    out = {t: tier_bound(sc, t, w, keep_floor=keep_floor) for t, w in wins.items()}
+    # The committed calls' tokens are paid by any schedule that serves them.
+    price = {t: (tc.usd_per_million_tokens or 0.0) / 1e6 for t, tc in sc.cfg.tiers.items()}
+    tokens: dict[str, int] = dict.fromkeys(sc.cfg.tiers, 0)
+    for a in trace.arrivals:
+        if a.call.cls <= max_class:
+            tokens[a.call.tier] += a.call.prompt + a.call.output
+    for ch in trace.chains:
+        if ch.cls <= max_class:
+            for stage in ch.stages:
+                for c in stage:
+                    tokens[c.tier] += c.prompt + c.output
+    for t, b in out.items():
+        b.token_usd = tokens[t] * price[t]
+    return out
+
