@@ -130,14 +130,20 @@ def fleet(private_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         f.stop()
 
 
-def test_a_call_costs_few_round_trips(fleet: Fleet) -> None:
+def _measured(fleet: Fleet, stream: bool) -> tuple[collections.Counter[str], collections.Counter[str],
+                                                 dict[str, dict[str, float]]]:
+    """The gateway's and the worker's commands over CALLS calls, and per call (for the messages)."""
     r = redis.Redis.from_url(fleet.redis_url)
     try:
-        got = _commands_per_call(r, fleet.base_url, stream=False)
+        got = _commands_per_call(r, fleet.base_url, stream=stream)
     finally:
         r.close()
-    gw, wk = got["gateway"], got["worker"]
     per = {k: {c: n / CALLS for c, n in v.items()} for k, v in got.items()}
+    return got["gateway"], got["worker"], per
+
+
+def test_a_call_costs_few_round_trips(fleet: Fleet) -> None:
+    gw, wk, per = _measured(fleet, stream=False)
     # The gateway: admission view + enqueue, one read of the result stream, no ring, dropped in batches.
     assert gw["EVALSHA"] == 2 * CALLS, per
     assert gw["XREAD"] == CALLS, per
@@ -153,13 +159,7 @@ def test_a_call_costs_few_round_trips(fleet: Fleet) -> None:
 
 
 def test_a_streamed_call_costs_few_round_trips(fleet: Fleet) -> None:
-    r = redis.Redis.from_url(fleet.redis_url)
-    try:
-        got = _commands_per_call(r, fleet.base_url, stream=True)
-    finally:
-        r.close()
-    gw, wk = got["gateway"], got["worker"]
-    per = {k: {c: n / CALLS for c, n in v.items()} for k, v in got.items()}
+    gw, wk, per = _measured(fleet, stream=True)
     assert gw["EVALSHA"] == 2 * CALLS, per
     assert gw["XADD"] == 0, per  # no ring: each call's read starts afresh
     assert gw["XREAD"] <= 4 * CALLS, per  # a read per batch of tokens, none after the final event
