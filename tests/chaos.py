@@ -64,10 +64,14 @@ def own_fleet() -> Iterator[OwnFleet]:
         wait_until(lambda: status(f"{f.base_url}/readyz") == 200, 30, what="gateway ready")
         yield own
     finally:
-        if redis.proc is not None and redis.proc.poll() is None:
-            redis.proc.send_signal(signal.SIGCONT)
+        # A test may have restarted Redis (own.redis is then the new server): stop both.
+        servers = [redis] if own.redis is redis else [redis, own.redis]
+        for server in servers:
+            if server.proc is not None and server.proc.poll() is None:
+                server.proc.send_signal(signal.SIGCONT)
         f.stop()
-        redis.stop()
+        for server in servers:
+            server.stop()
         os.unlink(log_path)
 
 
