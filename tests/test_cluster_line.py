@@ -146,3 +146,23 @@ def test_a_master_killed_under_load_its_replica_takes_over_and_parts_ride_throug
     finally:
         f.stop()
         cluster.stop()
+
+
+async def test_a_transaction_that_met_a_dead_node_does_not_wedge_the_client(redis_cluster_url: str) -> None:
+    """redis-py 6.4's transaction pipeline, on a connection error, files that error as the slot
+    map's pending MOVED redirect (`update_moved_exception`, what `_reinitialize_on_error` calls);
+    every later command then failed reading its host. A CI rehearsal's gateway stayed wedged a
+    minute after a promotion. The fleet's client drops it and carries on."""
+    client = connect(redis_cluster_url, name="test")
+    try:
+        key = f"{{wedge}}:{uuid.uuid4().hex}"
+        await client.set(key, "1")
+        client.nodes_manager.update_moved_exception(redis.exceptions.ConnectionError("closed"))  # type: ignore[attr-defined]
+        assert await client.get(key) == b"1"  # a command carries on...
+        client.nodes_manager.update_moved_exception(redis.exceptions.ConnectionError("closed"))  # type: ignore[attr-defined]
+        async with client.pipeline(transaction=True) as p:  # ...and so does a transaction
+            p.incr(key).get(key)
+            assert await p.execute() == [2, b"2"]
+        await client.delete(key)
+    finally:
+        await client.aclose()

@@ -27,7 +27,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import MovedError, RedisClusterException
 from redis.retry import Retry as SyncRetry
 
 
@@ -84,7 +84,17 @@ class FleetCluster(RedisCluster):
       or a RedisClusterException (a slot not yet covered by any master): all become
       a ConnectionError, which every part already treats as "Redis is away for now"
       (a typed 503, a retry). Other RuntimeErrors are bugs and pass through.
+    - A transaction pipeline that meets a connection error during a failover makes
+      redis-py 6.4 store that ConnectionError as the slot map's pending MOVED
+      redirect; every later command then fails reading its host, for good (a CI
+      rehearsal's gateway stayed "reconfiguring" for a minute after the promotion).
+      Such an entry is dropped before each command and pipeline (`heal_slot_map`):
+      the command then meets the dead node itself and redis-py re-reads the map.
     """
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        heal_slot_map(self)
+        return super().pipeline(transaction, shard_hint)
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         if command.upper() in ("XREAD", "XREADGROUP"):
@@ -99,6 +109,7 @@ class FleetCluster(RedisCluster):
         return await super()._determine_slot(command, *args)
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        heal_slot_map(self)
         try:
             return await super().execute_command(*args, **kwargs)
         except (AttributeError, RedisClusterException) as e:
@@ -107,6 +118,16 @@ class FleetCluster(RedisCluster):
             if "closed" not in str(e):
                 raise
             raise RedisConnectionError(f"Redis Cluster reconfiguring: a connection closed under a command: {e}") from e
+
+
+def heal_slot_map(client: Any) -> bool:
+    """Drop a pending "MOVED" redirect that is no MovedError (see `FleetCluster`); True if one was."""
+    nodes = getattr(client, "nodes_manager", None)
+    pending = getattr(nodes, "_moved_exception", None)
+    if pending is None or isinstance(pending, MovedError):
+        return False
+    nodes._moved_exception = None  # type: ignore[union-attr]
+    return True
 
 
 def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
@@ -120,6 +141,18 @@ def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
     return client  # type: ignore[return-value]
 
 
+class FleetClusterSync(SyncRedisCluster):
+    """The blocking cluster client, with the same slot-map repair as `FleetCluster`."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        heal_slot_map(self)
+        return super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        heal_slot_map(self)
+        return super().pipeline(transaction, shard_hint)
+
+
 def cluster_client_sync(target: RedisTarget, options: dict[str, Any]) -> sync_redis.Redis:
     """A blocking Redis Cluster client, for the command line and probes."""
     nodes, user, password = seeds(target.url)
@@ -127,7 +160,7 @@ def cluster_client_sync(target: RedisTarget, options: dict[str, Any]) -> sync_re
     retries = int(options.get("retries", CLUSTER_RETRIES))
     opts.pop("retry_on_error", None)
     retry = SyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries)
-    client = SyncRedisCluster(startup_nodes=[SyncClusterNode(h, p) for h, p in nodes], username=user,
+    client = FleetClusterSync(startup_nodes=[SyncClusterNode(h, p) for h, p in nodes], username=user,
                               password=password, retry=retry, **opts)
     return client  # type: ignore[return-value]
 
