@@ -42,8 +42,9 @@ class SSEResponse(StreamingResponse):
         state = {"gone": False, "done": False}
 
         async def listen() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            message = await receive()
+            while message["type"] != "http.disconnect":  # a body the client still sends: not ours to read
+                message = await receive()
             if not state["done"] and me is not None:  # after the last chunk, receive says disconnect too
                 state["gone"] = True
                 me.cancel()

@@ -3,6 +3,7 @@ against a private redis-server, each test in its own namespace."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -42,6 +43,20 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what="condit
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {why()}" if why else ""))
 
 
+
+
+async def blocked_in(r: Any, name: str, cmd: str, limit_s: float = 10.0) -> None:
+    """Until Redis says a connection whose client name starts with `name` is blocked in `cmd`
+    (CLIENT LIST flag `b`): only then is something done "while it waits" done while it waits."""
+    end = time.monotonic() + limit_s
+    seen: list[tuple[str, str]] = []
+    while time.monotonic() < end:
+        seen = [(str(c.get("cmd")), str(c.get("flags"))) for c in await r.client_list()
+                if str(c.get("name", "")).startswith(name)]
+        if any(c == cmd and "b" in flags for c, flags in seen):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"no connection named {name!r} blocked in {cmd} within {limit_s} s: {seen}")
 
 
 def config_variant(base: Path, out_dir: Path, tier: str, section: str | None = None, **fields: Any) -> Path:
@@ -187,13 +202,9 @@ class LineLoad:
         self.thread = threading.Thread(target=self._thread, daemon=True)
 
     def _thread(self) -> None:
-        import asyncio
-
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        import asyncio
-
         from redis.asyncio import Redis
 
         from fleet.store.line import Line

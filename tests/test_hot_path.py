@@ -36,7 +36,7 @@ from fleet.store.ledger import Ledger
 from fleet.store.line import Line
 from fleet.store.version_outcomes import queue_outcome, read_outcomes
 from gateway.answers import SSEResponse
-from tests.harness import TEST_CONFIG, Fleet
+from tests.harness import TEST_CONFIG, Fleet, blocked_in, wait_until
 
 CONFIG = """
 namespace: hot
@@ -81,26 +81,31 @@ def _call(c: httpx.Client, base: str, stream: bool) -> None:
 def _commands_per_call(r: redis.Redis, base: str, stream: bool) -> dict[str, collections.Counter[str]]:
     """MONITOR while CALLS sequential calls run: the top-level commands (not those inside scripts),
     by the client name of the connection that sent them ("gateway", "worker:fast", ...)."""
-    mark = f"hot-{uuid.uuid4().hex}"
+    start, mark = f"hot-start-{uuid.uuid4().hex}", f"hot-{uuid.uuid4().hex}"
     seen: list[dict[str, object]] = []
-    ready = threading.Event()
+    on = threading.Event()
 
     def watch() -> None:
         with r.monitor() as m:
-            ready.set()
             for cmd in m.listen():
-                seen.append(cmd)
+                if start in str(cmd["command"]):
+                    on.set()  # MONITOR sees what comes after this: count from here
+                    continue
+                if on.is_set():
+                    seen.append(cmd)
                 if mark in str(cmd["command"]):
                     return
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    ready.wait(5)
-    time.sleep(0.2)  # MONITOR is on before the first call
+    wait_until(lambda: r.echo(start) and on.wait(0.1), 10, what="MONITOR seeing commands")
     with httpx.Client() as c:
         for _ in range(CALLS):
             _call(c, base, stream)
-    time.sleep(0.3)  # the batched UNLINK of the last calls goes out (gathered for 0.1 s)
+    # The read result streams are unlinked in batches (gathered for 0.1 s): wait for the last
+    # batch, so the count holds every command these calls cost.
+    wait_until(lambda: not list(r.scan_iter(match="*:res:[0-9a-f]*", count=1000)), 10,
+               what="the result streams unlinked")
     r.echo(mark)
     t.join(10)
     names = {c["addr"]: c["name"] for c in r.client_list()}
@@ -171,8 +176,9 @@ def test_a_streamed_call_costs_few_round_trips(fleet: Fleet) -> None:
 
 @pytest.fixture
 async def line(private_url: str):  # type: ignore[no-untyped-def]
-    r = connect(private_url)
-    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "fast", result_ttl_s=30, rate_window_s=5)
+    name = f"line-{uuid.uuid4().hex[:8]}"  # its connections' name: a test finds its blocked wait by it
+    r = connect(private_url, name=name)
+    yield Line(r, name, "fast", result_ttl_s=30, rate_window_s=5)
     await r.aclose()
 
 
@@ -188,7 +194,7 @@ async def test_claim_says_whether_more_is_claimable(line: Line) -> None:
 
 async def test_wait_and_claim_claims_when_the_bell_rings(line: Line) -> None:
     wait = asyncio.ensure_future(line.wait_and_claim("w", 4, 5, timeout_s=5.0))
-    await asyncio.sleep(0.2)  # blocked on the bell
+    await blocked_in(line.redis, line.keys.namespace, "blpop")  # blocked on the bell
     assert not wait.done()
     rid = uuid.uuid4().hex
     t0 = time.monotonic()
@@ -202,7 +208,7 @@ async def test_wait_and_claim_claims_when_the_bell_rings(line: Line) -> None:
 async def test_a_ring_ends_the_wait_at_once(line: Line) -> None:
     wake = line.keys.wake("w")
     wait = asyncio.ensure_future(line.wait_and_claim("w", 4, 5, timeout_s=5.0, wake=wake))
-    await asyncio.sleep(0.2)
+    await blocked_in(line.redis, line.keys.namespace, "blpop")
     t0 = time.monotonic()
     await line.ring(wake)
     got = await asyncio.wait_for(wait, 3)
@@ -235,11 +241,14 @@ async def test_a_charge_pipelined_with_another_write_is_exact_even_without_its_s
 # --- a stream's first bytes on the call's own task -------------------------------------------
 
 
-async def _respond(gen_blocks: bool, leave_after_first: bool) -> tuple[list[dict[str, object]], list[str]]:
+async def _respond(gen_blocks: bool, leave_after_first: bool, first_out: asyncio.Event | None = None
+                   ) -> tuple[list[dict[str, object]], list[str]]:
     """Run an SSEResponse over a generator of two chunks (or one, then a wait for ever); the client
-    leaves after the first chunk if asked. Returns what was sent and what the generator saw."""
+    leaves after the first chunk if asked. Returns what was sent and what the generator saw;
+    `first_out` is set once the first chunk has gone out."""
     seen: list[str] = []
-    first_out, leave = asyncio.Event(), asyncio.Event()
+    first_out = first_out or asyncio.Event()
+    leave = asyncio.Event()
 
     async def gen():  # type: ignore[no-untyped-def]
         try:
@@ -277,8 +286,9 @@ async def test_a_stream_whose_client_leaves_ends_with_its_clean_up() -> None:
 async def test_a_stream_runs_to_its_end_and_a_cancel_from_outside_still_cancels() -> None:
     sent, seen = await _respond(gen_blocks=False, leave_after_first=False)
     assert [m.get("body") for m in sent] == [None, b"data: 1\n\n", b"data: 2\n\n", b""] and seen == ["clean-up"]
-    task = asyncio.ensure_future(_respond(gen_blocks=True, leave_after_first=False))
-    await asyncio.sleep(0.05)
+    first = asyncio.Event()
+    task = asyncio.ensure_future(_respond(gen_blocks=True, leave_after_first=False, first_out=first))
+    await asyncio.wait_for(first.wait(), 5)  # streaming, the generator waiting
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

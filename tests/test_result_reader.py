@@ -4,7 +4,6 @@ block; connections stay bounded however many calls are open; a deadline wait end
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -15,6 +14,7 @@ from redis.asyncio import Redis
 from fleet.store.connection import connect
 from fleet.store.line import Line
 from gateway.result_reader import ResultReader
+from tests.harness import blocked_in
 
 
 @pytest.fixture
@@ -38,20 +38,6 @@ async def write(r: Redis, line: Line, rid: str, *events: dict[str, object]) -> N
 async def connections(r: Redis, name: str) -> int:
     clients = await r.client_list()
     return sum(1 for c in clients if str(c.get("name", "")).startswith(name))
-
-
-async def blocked_in_xread(r: Redis, name: str, limit_s: float = 10.0) -> None:
-    """Until Redis says the reader's blocking connection is blocked in an XREAD (CLIENT LIST
-    flag `b`): only then is a call that joins one that joined *during* a blocked read."""
-    end = time.monotonic() + limit_s
-    seen: list[tuple[str, str]] = []
-    while time.monotonic() < end:
-        seen = [(str(c.get("cmd")), str(c.get("flags"))) for c in await r.client_list()
-                if str(c.get("name", "")).startswith(f"{name}:blocking")]
-        if any(cmd == "xread" and "b" in flags for cmd, flags in seen):
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"the result reader never blocked in XREAD within {limit_s} s: {seen}")
 
 
 async def test_many_open_calls_share_one_blocking_connection(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
@@ -85,7 +71,7 @@ async def test_a_call_that_joins_during_a_blocked_read_is_not_kept_waiting(setup
         for _ in range(5):
             # The XREAD is sent and blocked (Redis says so): a late call is not simply taken up by
             # a read that had yet to start, which would pass the check below on a slow machine.
-            await blocked_in_xread(writer, name)
+            await blocked_in(writer, f"{name}:blocking", "xread")
             rid = uuid.uuid4().hex
             late = reader.watch(line, rid)
             await write(writer, line, rid, {"t": "done", "x": "late"})

@@ -40,6 +40,13 @@ from fleet.policy.tier_capacity import TierCapacity, modelled_startup_s, tier_ca
 
 RATE_FACTOR_MIN, RATE_FACTOR_MAX = 0.01, 100.0  # beyond these a window says more about itself than the engine
 
+# Fewer completions in the window than this say too little about the service time.
+MIN_LITTLE_COMPLETIONS = 20
+# Little's readings are smoothed over this many rate windows: one reading rests on one sample
+# of in_use and a window's completions (a replica at low load read anywhere from 0.7 to 3.1),
+# while the mix of call lengths it follows changes over minutes.
+LITTLE_SMOOTHING = 6.0
+
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
@@ -80,11 +87,11 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
     served = rate(obs.completions_in_window, obs.window_s)
     steady = ready > 0 and served > 0 and obs.now - ready_since >= obs.window_s
     saturated = steady and waiting(obs) > 0 and obs.oldest_wait_s >= obs.window_s
+    model = tier_capacity(tc)
     if saturated:
-        modelled = tier_capacity(tc).per_replica_rate
-        factor, measured_at = _bounded(served / ready / modelled), obs.now
+        factor, measured_at = _bounded(served / ready / model.per_replica_rate), obs.now
     elif steady and obs.completions_in_window >= MIN_LITTLE_COMPLETIONS:
-        reading = littles_factor(tc, obs, served)
+        reading = littles_factor(model, obs, served)
         if reading is not None:
             since = obs.now - measured_at if measured_at is not None else None
             weight = 1.0 if since is None else min(1.0, max(0.0, since) / (LITTLE_SMOOTHING * obs.window_s))
@@ -93,19 +100,11 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
                        ready=ready, ready_since=ready_since, measured_at=measured_at)
 
 
-# Fewer completions in the window than this say too little about the service time.
-MIN_LITTLE_COMPLETIONS = 20
-# Little's readings are smoothed over this many rate windows: one reading rests on one sample
-# of in_use and a window's completions (a replica at low load read anywhere from 0.7 to 3.1),
-# while the mix of call lengths it follows changes over minutes.
-LITTLE_SMOOTHING = 6.0
-
-
 def _bounded(factor: float) -> float:
     return min(RATE_FACTOR_MAX, max(RATE_FACTOR_MIN, factor))
 
 
-def littles_factor(tc: TierConfig, obs: TierObservation, served: float) -> float | None:
+def littles_factor(model: TierCapacity, obs: TierObservation, served: float) -> float | None:
     """Modelled / measured service time, by Little's law: the calls in service on the replicas
     that serve (ready or draining) over the completions per second is the mean time a call
     spends in service; the model's is taken at the mean batch those replicas run (a smaller
@@ -114,7 +113,6 @@ def littles_factor(tc: TierConfig, obs: TierObservation, served: float) -> float
     in_service = sum(r.in_use for r in serving)
     if not serving or in_service <= 0 or served <= 0:
         return None
-    model = tier_capacity(tc)
     batch = max(1, min(model.batch, round(in_service / len(serving))))
     return model.service_s(model.typical_prompt_tokens, model.typical_output_tokens, batch) / (in_service / served)
 
