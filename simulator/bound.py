@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from fleet.policy.prewarm import scheduled_spans
 from fleet.replica_model import cold_start_s, prefill_s, service_s
 from simulator.arrivals import Trace
 from simulator.scenario import Scenario
@@ -127,6 +128,41 @@ def least_busy_s(prefill_s: float, output: int, slots: int, base_s: float, per_s
     return prefill_s / (slots - lo)
 
 
+def floor_steps(sc: Scenario, tier: str) -> list[tuple[float, int]]:
+    """The floor the operator holds the tier to over the replay, as (t, floor) breakpoints in replay
+    seconds: its warm floor, raised by each scheduled pre-warm window while it is open (DESIGN.md:
+    floor = max(warm floor, active pre-warm)). A window's lead is not counted: the start-up before
+    it is the policy's way of having the floor resident, not part of the floor."""
+    tc = sc.cfg.tiers[tier]
+    t0, end = sc.start_epoch, sc.duration_s
+    spans = [(max(0.0, a - t0), min(end, b - t0), f)
+             for a, b, f in scheduled_spans(tc.prewarm, t0, t0 + end, tc.budget.timezone)]
+    cuts = sorted({0.0, *(a for a, _, _ in spans), *(b for _, b, _ in spans)} - {end})
+    steps: list[tuple[float, int]] = []
+    for t in cuts:
+        f = max([tc.warm_floor, *(fl for a, b, fl in spans if a <= t < b)])
+        if not steps or steps[-1][1] != f:
+            steps.append((t, f))
+    return steps
+
+
+class _StepIntegral:
+    """The integral from 0 of a step function given as (t, value) breakpoints from t = 0."""
+
+    def __init__(self, steps: list[tuple[float, int]], end: float) -> None:
+        self.t = [t for t, _ in steps]
+        self.v = [v for _, v in steps]
+        self.end = end
+        self.cum = [0.0]
+        for i in range(1, len(steps)):
+            self.cum.append(self.cum[-1] + self.v[i - 1] * (self.t[i] - self.t[i - 1]))
+
+    def __call__(self, t: float) -> float:
+        t = min(max(t, 0.0), self.end)
+        i = bisect.bisect_right(self.t, t) - 1
+        return self.cum[i] + self.v[i] * (t - self.t[i])
+
+
 def tier_bound(sc: Scenario, tier: str, windows: list[Window],
                bucket_widths: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0, 900.0, 3600.0),
                keep_floor: bool = False) -> TierBound:
@@ -151,8 +187,10 @@ def tier_bound(sc: Scenario, tier: str, windows: list[Window],
     and pays its cold start before it serves: at least (peak need - initial
     replicas) cold starts.
 
-    With `keep_floor`, the schedule must also keep the tier's warm floor at all
-    times (as every policy here does): each bucket costs at least floor x its length.
+    With `keep_floor`, the schedule must also keep the tier's floors at all times,
+    as every policy here does: the warm floor, raised by the scheduled pre-warm
+    windows while they are open (`floor_steps`); each bucket costs at least the
+    integral of that floor over it.
     """
     tc = sc.cfg.tiers[tier]
     slots = tc.slots
@@ -178,17 +216,8 @@ def tier_bound(sc: Scenario, tier: str, windows: list[Window],
             steps[-1] = (t, n)
         else:
             steps.append((t, n))
-    step_t = [t for t, _ in steps]
-    cum = [0.0]  # integral of need from 0 to step_t[i]
-    for i in range(1, len(steps)):
-        cum.append(cum[-1] + steps[i - 1][1] * (steps[i][0] - steps[i - 1][0]))
-
-    def need_integral(t: float) -> float:
-        t = min(max(t, 0.0), end)
-        i = bisect.bisect_right(step_t, t) - 1
-        return cum[i] + steps[i][1] * (t - step_t[i])
-
-    floor = tc.warm_floor if keep_floor else 0
+    need_integral = _StepIntegral(steps, end)
+    floor_integral = _StepIntegral(floor_steps(sc, tier) if keep_floor else [(0.0, 0)], end)
     best = 0.0
     for w in (*bucket_widths, end):
         n_b = max(1, math.ceil(end / w))
@@ -207,7 +236,7 @@ def tier_bound(sc: Scenario, tier: str, windows: list[Window],
         for b in range(n_b):
             lo, hi = b * w, min((b + 1) * w, end)
             fluid = max(shortest[b] / slots, least_busy_s(prefill[b], tokens[b], slots, step.base_s, step.per_seq_s))
-            total += max(fluid, need_integral(hi) - need_integral(lo), floor * (hi - lo))
+            total += max(fluid, need_integral(hi) - need_integral(lo), floor_integral(hi) - floor_integral(lo))
         best = max(best, total)
     peak = max((n for _, n in steps), default=0)
     initial = tc.warm_floor
@@ -219,7 +248,7 @@ def clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int = 0, keep_floor
                       ) -> dict[str, TierBound]:
     """Per tier, the replica-seconds (and spend) below which no schedule serves every committed
     call on time. With `max_class` 3, every call of every class: the cost of serving it all;
-    with `keep_floor`, while also keeping the warm floors."""
+    with `keep_floor`, while also keeping the floors (warm and scheduled pre-warm)."""
     wins = committed_windows(sc, trace, max_class)
     out = {t: tier_bound(sc, t, w, keep_floor=keep_floor) for t, w in wins.items()}
     # The committed calls' tokens are paid by any schedule that serves them.

@@ -23,6 +23,7 @@ from fleet.policy.tier_budget import (
     least_spend,
     named_windows,
     projected_spend,
+    replica_cost_usd_per_s,
     replica_usd_per_s,
 )
 
@@ -206,6 +207,31 @@ def test_judge_without_budget_or_with_per_token_burn() -> None:
     assert not calm.exhausted and calm.ceiling is None  # replicas are free here: no cap
     hot = judge(tc, BudgetObservation(now=now, replicas=4, spent_usd={"daily": 40.0}, token_burn_usd_per_s=0.01))
     assert hot.exhausted and hot.projected_usd == pytest.approx(40.0 + 36.0)
+
+
+def test_a_burst_s_tokens_are_carried_by_its_replicas_not_projected_to_the_window_s_end() -> None:
+    """market-open's planner: $9.80/h a replica and $4 per million tokens, six replicas at a full
+    batch burning $0.03/s of tokens, 75 minutes of a $95 open window left. Projecting that burn
+    to the window's end put the ceiling at 0: the tier stepped down to its floor, the burn fell,
+    the ceiling came back and it scaled out again (two flaps). The tokens go with the replicas
+    that serve them: the floor's for the rest of the window, each extra one's for its hold."""
+    windows = [BudgetWindow(name="open", cron="25 8 * * 1-5", duration_s=5700, usd=95)]
+    tc = TierConfig(hourly_usd=9.80, usd_per_million_tokens=4.0, max_replicas=6, warm_floor=1, scale_in_hold_s=120,
+                    budget=Budget(daily_usd=1500, timezone="America/New_York", windows=windows))
+    now = at(2026, 11, 30, 8, 45)
+    obs = BudgetObservation(now=now, replicas=6, spent_usd={"daily": 60.0, "open": 40.0}, token_burn_usd_per_s=0.03)
+    v = judge(tc, obs)
+    rest = at(2026, 11, 30, 10, 0) - now
+    each = replica_usd_per_s(tc) + 0.03 / 6  # a replica's price and its share of the tokens
+    assert replica_cost_usd_per_s(replica_usd_per_s(tc), 0.03, 6) == (pytest.approx(each), 0.0)
+    assert not v.exhausted and v.window == "open"
+    assert v.ceiling == burst_ceiling(95, 40.0, 1, rest, 120, each) and v.ceiling >= 6
+    assert v.projected_usd == pytest.approx(40.0 + each * (rest + 5 * 120))
+    # The old projection, the whole burn to the end, leaves nothing: what the flaps came from.
+    assert burst_ceiling(95, 40.0, 1, rest, 120, replica_usd_per_s(tc), 0.03) == 0
+    # A burst that goes on spends: with $80 gone the same six are over, and the tier is capped.
+    late = judge(tc, BudgetObservation(now=now, replicas=6, spent_usd={"open": 80.0}, token_burn_usd_per_s=0.03))
+    assert late.ceiling is not None and late.ceiling < 6 and late.exhausted
 
 
 def test_a_window_about_to_open_bounds_the_ceiling_ahead_of_it() -> None:

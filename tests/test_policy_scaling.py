@@ -24,6 +24,7 @@ from fleet.policy import (
     cost_per_million_tokens,
     decide,
     decide_tier,
+    line_need,
     littles_law,
     rate_with_margin,
     replicas_for,
@@ -74,6 +75,39 @@ def test_scale_out_on_drain_with_its_reason() -> None:
                     CFG, NOW)
     assert (d.action, d.delta, d.code) == ("scale_out", 4, "drain")
     assert d.reason == "scale_out: drain 4.1 s > 2 s, +4 counting 0 starting"
+
+
+def test_a_replica_that_joins_takes_a_batch_from_the_line_at_once() -> None:
+    # The seed's open again, knowing each replica runs a batch of 8: a replica that joins
+    # takes 8 waiting calls the moment it is ready. Two more leave 41 - 16 = 25 to drain at
+    # 10 x 1.75/s: 1.4 s, inside the 2 s threshold; the completion rate alone asked for four.
+    d = decide_tier(state(waiting=41, service_rate=10.0, arrival_rate=10.0, ready=8, per_replica_rate=1.75,
+                          batch=8), CFG, NOW)
+    assert (d.action, d.delta, d.desired) == ("scale_out", 2, 10)
+    assert line_need(41, 8, 1.75, 2.0, batch=8) == 10
+    assert line_need(41, 8, 1.75, 2.0) == 12  # without the batch: the seed's count
+    # The planner's cold flash crowd: 8 slots, 11 s calls (0.71/s a replica), one ready, a
+    # line of 8 with start-up's arrivals. The rate alone asked for 6; two carry it.
+    assert line_need(8, 1, 8 / 11.3, 2.0) == 6
+    assert line_need(8, 1, 8 / 11.3, 2.0, batch=8) == 2
+    # A line the ready replicas drain in time needs no one new, batch or not.
+    assert line_need(5, 2, 8.0, 2.0, batch=8) == line_need(5, 2, 8.0, 2.0) == 1
+    assert line_need(0, 2, 8.0, 2.0, batch=8) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(backlog=st.floats(0, 5000), ready=st.integers(0, 40), rate=st.floats(0.05, 50),
+       thr=st.floats(0.5, 30), batch=st.integers(1, 64))
+def test_the_batch_never_asks_for_more_and_the_order_drains_the_line(backlog: float, ready: int, rate: float,
+                                                                      thr: float, batch: int) -> None:
+    n = line_need(backlog, ready, rate, thr, batch)
+    assert n <= line_need(backlog, ready, rate, thr)
+    if backlog > 0:
+        # What n replicas leave in line after the new ones take their batch drains in time...
+        assert backlog - max(0, n - ready) * batch <= thr * n * rate * (1 + 1e-9) + 1e-9
+        # ...and one fewer would not.
+        m = n - 1
+        assert m < 0 or backlog - max(0, m - ready) * batch > thr * m * rate * (1 - 1e-9) - 1e-9
 
 
 def test_scale_out_counts_the_backlog_that_piles_up_during_start_up() -> None:

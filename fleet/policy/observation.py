@@ -142,4 +142,4 @@ def scaling_state(obs: TierObservation, cap: TierCapacity, *, prewarm_floor: int
         service_rate=service_rate(obs), ready=reps.ready, starting=reps.starting, draining=reps.draining,
         per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s, prewarm_floor=prewarm_floor,
         budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since, calm_keep=calm_keep,
-        rate_window_s=obs.window_s)
+        rate_window_s=obs.window_s, batch=cap.batch)

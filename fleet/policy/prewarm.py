@@ -50,6 +50,21 @@ def window_active(w: PrewarmWindow, now: float, lead_s: float, tz: str = "UTC") 
     return start + w.duration_s if start - lead_s <= now else None
 
 
+def scheduled_spans(windows: Sequence[PrewarmWindow], begin: float, end: float,
+                    tz: str = "UTC") -> list[tuple[float, float, int]]:
+    """Every scheduled window that overlaps [begin, end) (epoch seconds), as (start, end, floor),
+    without the lead: the floor the operator asked to have resident from each start. The
+    simulator's clairvoyant bound holds any schedule to these floors, as the policy is held."""
+    zone = ZoneInfo(tz)
+    out: list[tuple[float, float, int]] = []
+    for w in windows:
+        it = croniter(w.cron, datetime.fromtimestamp(begin - w.duration_s, zone))
+        while (start := it.get_next(float)) < end:
+            if start + w.duration_s > begin:
+                out.append((start, start + w.duration_s, w.floor))
+    return out
+
+
 def prewarm_lead_s(startup_s: float, tick_s: float) -> float:
     """How early a pre-warm starts: the expected start-up plus two scaler ticks, so the
     replicas are resident, not starting, when the window opens."""

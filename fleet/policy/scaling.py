@@ -65,6 +65,7 @@ class TierState:
     calm_since: float | None = None  # carried by the scaler: see the module doc
     calm_keep: int = 0  # carried by the scaler: the highest need seen since calm_since
     rate_window_s: float = 0.0  # the window the arrival rate was counted over (its Poisson noise); 0: none
+    batch: int = 0  # calls a replica that joins takes from the line at once (its free slots); 0: not counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,26 @@ def rate_with_margin(arrival_rate: float, window_s: float, sd: float = SCALE_IN_
     return max(0.0, arrival_rate + sd * math.sqrt(arrival_rate / window_s))
 
 
+def line_need(backlog: float, ready: int, per_replica_rate: float, threshold_s: float, batch: int = 0) -> int:
+    """Replicas that serve `backlog` waiting calls within `threshold_s`, `ready` of them busy now.
+
+    The busy replicas free a slot `per_replica_rate` times a second each. A replica
+    that joins has `batch` free slots: it takes that many calls from the line the
+    moment it is ready, then frees slots like the rest. So n replicas drain the line
+    in time when backlog - (n - ready) x batch <= threshold x n x rate. Without the
+    batch (0), the line drains at the completion rate alone, which on a tier of long
+    calls orders several times what it needs: a planner of 8 slots and 11 s calls
+    frees 1.4 calls in a 2 s threshold, but a new replica takes 8 at once.
+    """
+    if backlog <= 0:
+        return 0
+    r = max(per_replica_rate, 1e-9)
+    need = backlog / (threshold_s * r)
+    if need > ready and batch > 0:
+        need = (backlog + ready * batch) / (batch + threshold_s * r)
+    return math.ceil(need)
+
+
 def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     """What to do with one tier now, and why: scale out, scale in by one, hold, or capped.
 
@@ -199,7 +220,7 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # The line now plus what piles up while new replicas start, drained within the threshold.
     growth = backlog_during_startup(s.arrival_rate, s.ready * r, s.startup_s)
     backlog = s.waiting + growth
-    by_line = math.ceil(backlog / (thr * r)) if backlog > 0 else 0
+    by_line = line_need(backlog, s.ready, r, thr, s.batch)
     desired = max(by_arrival, by_line)
     target = max(desired, floor)
     # What scale-in must clear: the need with a margin for Poisson noise in the rate. Calm

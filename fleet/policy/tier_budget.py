@@ -242,6 +242,26 @@ def budget_ceiling(budget_usd: float, spent_usd: float, now: float, window_end: 
     return max(0, math.floor(left / (replica_usd_per_s * rest) + _EPS))
 
 
+def replica_cost_usd_per_s(replica_usd_per_s: float, token_burn_usd_per_s: float,
+                           replicas: int) -> tuple[float, float]:
+    """What one replica costs per second at the present load, and the burn left outside the
+    replicas, as `least_spend` and `burst_ceiling` take them.
+
+    Tokens are paid for what the replicas serve: a burst's extra replicas burn tokens only
+    while they run, as they burn their hourly price. Projecting the whole present token
+    burn to the window's end counted a six-replica planner's tokens for an hour and a half
+    after its burst: the ceiling fell to nothing, the tier stepped down to its floor, the
+    burn fell, the ceiling came back and the tier scaled out again (a flap each time). So
+    each billing replica carries its share of the token burn. A tier billed by tokens
+    alone (no hourly price) has no replica cost to bound: its token burn stays outside the
+    replicas and its budget acts by shedding.
+    """
+    token = max(0.0, token_burn_usd_per_s)
+    if replica_usd_per_s <= 0 or replicas <= 0:
+        return replica_usd_per_s, token
+    return replica_usd_per_s + token / replicas, 0.0
+
+
 # --- The tier's judgement ------------------------------------------------------
 
 
@@ -300,19 +320,20 @@ def judge(tc: TierConfig, obs: BudgetObservation, lead_s: float = 0.0) -> Budget
     """
     per_replica = replica_usd_per_s(tc)
     burn = obs.replicas * per_replica + max(0.0, obs.token_burn_usd_per_s)
+    cost, other = replica_cost_usd_per_s(per_replica, obs.token_burn_usd_per_s, obs.replicas)
     views = []
     floor, hold = tc.warm_floor, tc.scale_in_hold_s
     for w in active_windows(tc.budget, obs.now):
         spent = obs.spent_usd.get(w.name, 0.0)
         rest = w.rest_s(obs.now)
-        projected = least_spend(spent, obs.replicas, floor, rest, hold, per_replica, obs.token_burn_usd_per_s)
-        ceiling = burst_ceiling(w.usd, spent, floor, rest, hold, per_replica, obs.token_burn_usd_per_s)
+        projected = least_spend(spent, obs.replicas, floor, rest, hold, cost, other)
+        ceiling = burst_ceiling(w.usd, spent, floor, rest, hold, cost, other)
         views.append(WindowView(w.name, w.start, w.end, w.usd, spent, projected, ceiling,
                                 exhausted=projected >= w.usd))
     soon = tuple(
         WindowView(w.name, w.start, w.end, w.usd, 0.0,
-                   least_spend(0.0, obs.replicas, floor, w.end - w.start, hold, per_replica, obs.token_burn_usd_per_s),
-                   burst_ceiling(w.usd, 0.0, floor, w.end - w.start, hold, per_replica, obs.token_burn_usd_per_s),
+                   least_spend(0.0, obs.replicas, floor, w.end - w.start, hold, cost, other),
+                   burst_ceiling(w.usd, 0.0, floor, w.end - w.start, hold, cost, other),
                    exhausted=False)
         for w in upcoming_windows(tc.budget, obs.now, lead_s))
     if not views and not soon:
