@@ -90,8 +90,14 @@ def test_a_higher_class_with_a_tighter_wait_limit_is_warned_about(tmp_path: Path
     assert wait_limit_inversions({"committed": 30, "interactive": 4, "speculative": 4, "background": 4}) == []
     inverted = "    wait_limit_s: {committed: 2, interactive: 8, background: 30}"
     text = GOOD.replace("    drain_threshold_s: 2.0", "    drain_threshold_s: 2.0\n" + inverted, 1)
-    with pytest.warns(ConfigWarning, match=r"tiers\.\w+\.wait_limit_s: committed \(2 s\) is tighter than interactive"):
+    with pytest.warns(ConfigWarning) as said:
         load_config(_write(tmp_path, text))
+    # Each inversion is named, with its field: committed under both, interactive under background.
+    assert sorted(str(w.message).split(":")[1].strip() for w in said) == [
+        "committed (2 s) is tighter than background (30 s)",
+        "committed (2 s) is tighter than interactive (8 s)",
+        "interactive (8 s) is tighter than background (30 s)"]
+    assert all(str(w.message).startswith("tiers.routing.wait_limit_s:") for w in said)
 
 
 @pytest.mark.parametrize(("keys", "named"), [

@@ -172,7 +172,8 @@ async def test_claim_caps_leave_reserved_slots_for_higher_classes(line: Line) ->
 
 def _saturated(preempt: bool) -> dict:  # type: ignore[type-arg]
     tier = {"warm_floor": 2, "max_replicas": 2, "slots": 4, "hourly_usd": 1.0, "drain_threshold_s": 1000.0,
-            "wait_limit_s": {"committed": 300.0, "background": 3000.0},
+            # Nothing shed by the line: every class may wait as long as background (limits shed from the bottom).
+            "wait_limit_s": {c: 3000.0 for c in ("committed", "interactive", "speculative", "background")},
             "preemption": {"enabled": preempt, "max_preemptions": 1},
             "sim": {"weights_gb": 1, "load_gb_s": 10, "warmup_s": 0, "kv_capacity_tokens": 200000,
                     "decode_step": {"base_s": 0.02, "per_seq_s": 0.001}}}
