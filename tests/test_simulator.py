@@ -278,7 +278,7 @@ def test_the_floors_bound_holds_a_schedule_to_the_scheduled_pre_warm_too() -> No
     floors = clairvoyant_bound(sc, trace, max_class=3, keep_floor=True)
     warm_only = parse_scenario(_bound_scenario())
     before = clairvoyant_bound(warm_only, trace, max_class=3, keep_floor=True)
-    # The planner's floor integral is 600 + 3 x 240 = 1620 replica-seconds more than 900 x 1 at least...
+    # The planner's floor alone is 1 x 900 s + 3 more x 240 s = 1620 replica-seconds, more than before...
     assert floors["planner"].ready_s >= 1 * 900 + 3 * 240 - 1e-6
     assert floors["planner"].ready_s > before["planner"].ready_s
     assert floors["analysis"].ready_s == pytest.approx(before["analysis"].ready_s)
