@@ -145,7 +145,7 @@ def engine_caller(engine, tokens: int) -> One:  # type: ignore[no-untyped-def]
     from workers.engines.base import EngineRequest
 
     async def one(rid: str) -> tuple[float, int]:
-        req = EngineRequest(request_id=rid, kind="chat", messages=MESSAGES, max_tokens=tokens, temperature=1.0,
+        req = EngineRequest.build(request_id=rid, kind="chat", messages=MESSAGES, max_tokens=tokens, temperature=1.0,
                             ignore_eos=True)
         t0 = time.perf_counter()
         ttft, n = 0.0, 0

@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from fleet.config import DecodeStep, FleetConfig, Preemption, Priority, SimProfile, TierConfig  # noqa: E402
 from fleet.redis_server import PrivateRedis  # noqa: E402
+from fleet.store.events import Chunk, Done, Failed  # noqa: E402
 from fleet.store.line import Line  # noqa: E402
+from fleet.store.payloads import CallPayload  # noqa: E402
 from workers.engines.sim import SimEngine  # noqa: E402
 from workers.worker import Worker  # noqa: E402
 
@@ -51,19 +53,20 @@ def fleet_config(slots: int, preempt: bool, max_preemptions: int) -> FleetConfig
 async def call(line: Line, prio: Priority, max_tokens: int, stream: bool) -> tuple[float, int]:
     """One call through the line: (TTFT seconds, completion tokens)."""
     rid = uuid.uuid4().hex
-    payload = {"kind": "completion", "prompt": "x" * 800, "max_tokens": max_tokens, "stream": stream}
+    body = orjson.dumps({"model": TIER, "prompt": "x" * 800, "max_tokens": max_tokens})
+    payload = CallPayload.encode("completion", body, max_tokens=max_tokens, key="", stream=stream)
     t0 = time.monotonic()
-    await line.enqueue(rid, prio, orjson.dumps(payload), 3_600_000)
+    await line.enqueue(rid, prio, payload, 3_600_000)
     ttft, after = 0.0, "0-0"
     while True:
         for entry, ev in await line.read_events(rid, after, 5000):
             after = entry
-            if ev["t"] == "tok" and not ttft:
+            if isinstance(ev, Chunk) and not ttft:
                 ttft = time.monotonic() - t0
-            elif ev["t"] == "done":
+            elif isinstance(ev, Done):
                 await line.drop_events(rid)
-                return ttft or float(ev["ttft"]) + float(ev["wait"]), int(ev["ct"])
-            elif ev["t"] == "err":
+                return ttft or ev.ttft_s + ev.wait_s, ev.completion_tokens
+            elif isinstance(ev, Failed):
                 raise RuntimeError(f"call failed: {ev}")
 
 

@@ -55,10 +55,19 @@ class CapacityProfile(_Strict):
 
 
 class VllmSettings(_Strict):
-    """Engine limits for the `vllm` engine, passed to vLLM's engine args."""
+    """The `vllm` engine: what the tier passes to vLLM, as the `vllm serve` flags of the same names
+    (vLLM's own parser reads them, so its defaults and checks hold). The tool-call parser, the
+    reasoning parser and the chat template decide how tools, `tool_choice` and reasoning are
+    served; `serve_args` passes any other `vllm serve` flag as is (e.g. `--structured-outputs-config`)."""
 
     model: str = ""
     tokenizer: str | None = None
+    served_model_name: str = ""  # the `model` answers carry; default: `model`
+    tool_call_parser: str | None = None  # e.g. hermes, llama3_json, pythonic: tool_choice auto/required/named
+    enable_auto_tool_choice: bool = True  # with a parser: the model may call tools on its own (auto)
+    reasoning_parser: str | None = None  # e.g. deepseek_r1, qwen3: reasoning_content in answers
+    chat_template: str | None = None  # a file or the template itself; default: the tokenizer's
+    serve_args: list[str] = Field(default_factory=list)
     max_num_seqs: int = Field(16, gt=0)
     max_model_len: int = Field(2048, gt=0)
     kv_cache_memory_bytes: int | None = Field(None, gt=0)

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from redis.asyncio import Redis
 
@@ -64,7 +63,7 @@ from gateway.tickets import (
     refusal,
 )
 
-__all__ = ["Admission", "AdmissionRequest", "Ticket", "TierView", "Usage", "estimate_prompt_tokens", "outcome_of",
+__all__ = ["Admission", "AdmissionRequest", "Ticket", "TierView", "Usage", "outcome_of",
            "refusal"]
 
 log = logging.getLogger("fleet.gateway.admission")
@@ -167,12 +166,3 @@ class Admission:
                 await self.admitting.unmark(k, member)
             raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s)
         return Ticket(req, self.redis, k.admitting, member, k.request(req.rid))
-
-
-def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
-    """Prompt tokens before any tokenizer runs: about four characters a token, as the sim counts them."""
-    if payload.get("messages") is not None:
-        chars = sum(len(str(m.get("role", ""))) + len(str(m.get("content") or "")) + 3 for m in payload["messages"])
-    else:
-        chars = len(str(payload.get("prompt") or ""))
-    return max(1, (chars + 3) // 4)

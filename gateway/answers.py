@@ -17,6 +17,7 @@ import orjson
 from redis.exceptions import RedisError
 from starlette.responses import StreamingResponse
 
+from fleet.store.events import Chunk, Done, Event
 from fleet.store.line import Line
 from gateway.errors import from_event
 from gateway.observability import RequestRecorder
@@ -61,76 +62,102 @@ class SSEResponse(StreamingResponse):
             listener.cancel()
 
 
-def usage_of(ev: dict[str, Any]) -> Usage:
-    return Usage(int(ev.get("pt", 0)), int(ev.get("ct", 0)))
+def usage_of(ev: Done) -> Usage:
+    return Usage(ev.prompt_tokens, ev.completion_tokens)
 
 
-def _usage(ev: dict[str, Any]) -> dict[str, int]:
-    pt, ct = int(ev.get("pt", 0)), int(ev.get("ct", 0))
-    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+def _usage(ev: Done) -> dict[str, Any]:
+    """The engine's usage object, whole (details included), with its total."""
+    return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
+            "total_tokens": ev.prompt_tokens + ev.completion_tokens, **ev.usage}
 
 
-def final_body(kind: str, rid: str, model: str, created: int, ev: dict[str, Any]) -> dict[str, Any]:
-    text = ev.get("x", "")
-    if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": ev.get("fr", "stop"), "logprobs": None}
-        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [choice], "usage": _usage(ev)}
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": ev.get("fr", "stop"), "logprobs": None}],
-            "usage": _usage(ev)}
+def final_body(kind: str, rid: str, model: str, created: int, ev: Done) -> dict[str, Any]:
+    """A call answered whole: the engine's choice as it came, under the fleet's id (and the
+    engine's model name where it has one)."""
+    chat = kind == "chat"
+    choice: dict[str, Any] = {"index": 0}
+    choice.update(ev.choice or ({"message": {"role": "assistant", "content": ""}} if chat else {"text": ""}))
+    choice.setdefault("logprobs", None)
+    choice["finish_reason"] = ev.finish_reason
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "object": "chat.completion" if chat else "text_completion",
+            "created": created, "model": ev.model or model, "choices": [choice], "usage": _usage(ev),
+            **(ev.extra or {})}
+
+
+class _Chunks:
+    """The SSE chunks of one streamed call: a chunk's bytes are the same around the members the
+    worker wrote (`fleet.store.events.Chunk`), so those are spliced in as they are."""
+
+    def __init__(self, kind: str, rid: str, model: str, created: int) -> None:
+        self.chat = kind == "chat"
+        self.base: dict[str, Any] = {"id": f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}",
+                                     "object": "chat.completion.chunk" if self.chat else "text_completion",
+                                     "created": created, "model": model}
+        self._frame()
+
+    def _frame(self) -> None:
+        whole = b"data: " + orjson.dumps({**self.base, "choices": [{"index": 0, "x": 0, "finish_reason": None}]})
+        self.head, _, self.tail = whole.rpartition(b'"x":0')
+        self.tail += b"\n\n"
+
+    def model(self, name: str | None) -> None:
+        """The engine's name for its model, from the event that first gives it (once a call)."""
+        if name is not None and name != self.base["model"]:
+            self.base["model"] = name
+            self._frame()
+
+    def of(self, c: Chunk) -> bytes:
+        self.model(c.model)
+        return b"".join((self.head, c.body, self.tail))
+
+    def opening(self) -> bytes:
+        """A chat stream's first chunk: the role."""
+        return self.head + b'"delta":{"role":"assistant","content":""},"logprobs":null' + self.tail
+
+    def _event(self, obj: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps({**self.base, **obj}) + b"\n\n"
+
+    def end(self, ev: Done, include_usage: bool) -> bytes:
+        """The last chunk (its finish reason) and, when the caller asked, the usage chunk."""
+        self.model(ev.model)
+        member = {"delta": {}} if self.chat else {"text": ""}
+        out = self._event({"choices": [{"index": 0, **member, "logprobs": None, "finish_reason": ev.finish_reason}]})
+        if include_usage:
+            out += self._event({"choices": [], "usage": _usage(ev)})
+        return out
 
 
 async def sse(orphans: Orphans, line: Line, rid: str, kind: str, body: ChatBody | CompletionBody,
-               first: dict[str, Any], stream: AsyncIterator[dict[str, Any]], created: int,
+               first: Event, stream: AsyncIterator[Event], created: int,
                rec: RequestRecorder, ticket: Ticket) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's chunk format, ending in `data: [DONE]`."""
-    chat = kind == "chat"
-    base: dict[str, Any] = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
-                            "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": created, "model": body.model}
-
-    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        return b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
-
-    # A token's chunk is the same bytes around its text: encode those once, then per token
-    # only the text (no dicts built, one join).
-    head, _, tail = chunk("\x00").rpartition(b'"\\u0000"')
-
-    def token(text: str) -> bytes:
-        return b"".join((head, orjson.dumps(text), tail))
-
+    chunks = _Chunks(kind, rid, body.model, created)
     finished = False
     end: tuple[str, Usage | None] = ("cancelled", None)  # the outcome the ticket closes with
     try:
         # Chunks known together go out in one write: the role chunk with the first event's, the
         # last chunk with the usage chunk and [DONE] (fewer writes for the gateway and the caller).
-        opening = chunk("", role=True) if chat else b""
+        opened = not chunks.chat  # a completion's stream has no role chunk
         ev = first
         while True:
-            if ev["t"] == "tok":
-                yield opening + token(ev["x"]) if opening else token(ev["x"])
-                opening = b""
-            elif ev["t"] == "done":
-                finished = True
-                end = ("completed", usage_of(ev))
-                rec.done(ev)
-                opening += chunk(None if chat else "", finish=ev.get("fr", "stop"))
-                if body.include_usage():
-                    opening += b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(ev)}) + b"\n\n"
-                break
+            if isinstance(ev, Chunk):
+                out = chunks.of(ev)  # first: it may name the engine's model, which the role chunk then bears
+                if not opened:
+                    out, opened = chunks.opening() + out, True
+                yield out
+                last = b""
             else:
                 finished = True
-                end = (outcome_of(ev), None)
-                opening += b"data: " + orjson.dumps(from_event(ev).body()) + b"\n\n"
+                if isinstance(ev, Done):
+                    end = ("completed", usage_of(ev))
+                    rec.done(ev)
+                    last = chunks.end(ev, body.include_usage())
+                else:
+                    end = (outcome_of(ev), None)
+                    last = b"data: " + orjson.dumps(from_event(ev).body()) + b"\n\n"
+                if not opened:
+                    last = chunks.opening() + last
                 break
             try:
                 ev = await stream.__anext__()
@@ -141,9 +168,9 @@ async def sse(orphans: Orphans, line: Line, rid: str, kind: str, body: ChatBody 
                 end = (UNAVAILABLE, None)
                 orphans.add(line, rid, UNAVAILABLE, ticket)
                 log.error("stream %s: Redis unavailable (%s)", rid, type(e).__name__)
-                opening = b"data: " + orjson.dumps(unavailable_error(e).body()) + b"\n\n"
+                last = b"data: " + orjson.dumps(unavailable_error(e).body()) + b"\n\n"
                 break
-        yield opening + b"data: [DONE]\n\n"
+        yield last + b"data: [DONE]\n\n"
     finally:
         # The response task may be being cancelled (the client left): Starlette cancels
         # it through an anyio scope, which would cancel every await here again, so the

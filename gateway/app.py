@@ -25,14 +25,16 @@ from redis.exceptions import RedisError
 
 from fleet.config import FleetConfig
 from fleet.governor import govern
-from fleet.policy import default_max_tokens
 from fleet.store.connection import Clients
+from fleet.store.events import Done, Event, Failed
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
+from fleet.store.payloads import Kind
 from fleet.tasks import cancel_and_wait
-from gateway.admission import Admission, AdmissionRequest, Ticket, estimate_prompt_tokens, outcome_of
+from gateway.admission import Admission, AdmissionRequest, Ticket, outcome_of
 from gateway.answers import SSEResponse, final_body, sse, usage_of
 from gateway.auth import KeyRing, authenticate, require_status_reader
+from gateway.call_spec import parse_call
 from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, from_event, install_error_handlers
 from gateway.fleet_api import router as fleet_router
@@ -50,10 +52,9 @@ from gateway.redis_loss import (
     spawn,
     unavailable_error,
 )
-from gateway.request import ClientLeft, HeaderLimit, parse_chain_id, parse_deadline, read_body, validate
+from gateway.request import ClientLeft, HeaderLimit, parse_chain_id, parse_deadline, read_json
 from gateway.result_reader import ResultReader, Watch
 from gateway.results import ClientGone, close_events, events, first_or_gone
-from gateway.schemas import ChatBody, CompletionBody
 from gateway.status import fleet_status
 
 log = logging.getLogger("fleet.gateway")
@@ -188,7 +189,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _complete(request, "completion")
 
-    async def _complete(request: Request, kind: str) -> Response:
+    async def _complete(request: Request, kind: Kind) -> Response:
         # Every response is counted once in fleet_requests_total (docs/metrics.md): a ticket counts
         # the admitted ones, admission its 429s, and this the rest (refused before the line, 503).
         said: dict[str, str | None] = {"tier": None, "priority": None}
@@ -203,57 +204,41 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
                 count_response(said["tier"], said["priority"], UNAVAILABLE)
             raise
 
-    async def _serve(request: Request, kind: str, said: dict[str, str | None]) -> Response:
+    async def _serve(request: Request, kind: Kind, said: dict[str, str | None]) -> Response:
         gw: Gateway = request.app.state.gw
         caller = authenticate(request)  # 401 before the body is even read
-        raw = await read_body(request, gw.cfg.max_body_bytes)
-        body: ChatBody | CompletionBody = validate(ChatBody if kind == "chat" else CompletionBody, raw)
-        tier = gw.cfg.resolve_model(body.model)
-        if tier is None:
-            raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists the tiers",
-                           param="model", code="model_not_found")
+        raw, data = await read_json(request, gw.cfg.max_body_bytes)
+        call = parse_call(kind, raw, data, gw.cfg)
+        body, tier = call.body, call.tier
         said["tier"] = tier
         caller.check_tier(tier)
-        tc = gw.cfg.tiers[tier]
         priority = caller.priority(request.headers.get("x-priority"), gw.cfg.default_priority)
         said["priority"] = priority.name
         deadline_ms = parse_deadline(request, gw.cfg.default_deadline_ms)
         chain = parse_chain_id(request)  # stored with the request in Redis: bounded and plain
-        max_tokens = body.wanted_tokens(default_max_tokens(tc))
-        if max_tokens > tc.max_tokens_limit:
-            raise APIError(422, f"max_tokens {max_tokens} exceeds this tier's limit of {tc.max_tokens_limit}",
-                           param="max_tokens", code="invalid_value")
         loop = asyncio.get_running_loop()
         deadline_at = loop.time() + deadline_ms / 1000
-        payload: dict[str, Any] = {"kind": kind, "max_tokens": max_tokens, "temperature": body.temperature,
-                                   "top_p": body.top_p, "stop": body.stops(), "seed": body.seed,
-                                   "stream": body.stream, "ignore_eos": body.ignore_eos,
-                                   "key": caller.name}  # the ledger counts tokens by key and class
-        if isinstance(body, ChatBody):
-            payload["messages"] = [{"role": m.role, "content": m.text()} for m in body.messages]
-        else:
-            payload["prompt"] = body.prompt_text()
         rec = RequestRecorder(tier, priority.name)
         rid = uuid.uuid4().hex
         line = gw.lines[tier]
         headers = {"x-request-id": rid, "x-fleet-tier": tier, "x-fleet-priority": priority.name}
         ticket: Ticket | None = None
         watch: Watch | None = None
-        stream: AsyncIterator[dict[str, Any]] | None = None
+        stream: AsyncIterator[Event] | None = None
         try:
             # Every Redis call until the first event runs under the caller's deadline (plus a
             # grace): a frozen Redis resets nothing, so only a clock can end the wait.
             async with asyncio.timeout_at(deadline_at + GRACE_S):
                 # Admission (gateway/admission.py): rate limits, budgets, the tier's drain and the
                 # deadline; a typed 429 with Retry-After, or a ticket whose reservations end with it.
-                explicit = body.max_completion_tokens or body.max_tokens
                 ticket = await gw.admission.admit(AdmissionRequest(
                     rid=rid, caller=caller, tier=tier, priority=priority, deadline_ms=deadline_ms,
-                    prompt_tokens=estimate_prompt_tokens(payload), max_tokens=max_tokens,
-                    expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(explicit)))
+                    prompt_tokens=call.prompt_tokens, max_tokens=call.max_tokens,
+                    expected_output_tokens=gw.admission.views[tier].capacity.output_estimate(
+                        call.explicit_max_tokens)))
                 # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
                 watch = gw.results.watch(line, rid)
-                await ticket.enqueue(line, orjson.dumps(payload), chain)
+                await ticket.enqueue(line, call.payload(caller.name), chain)
                 stream = events(watch, line, deadline_at)
                 first = await first_or_gone(stream, request.receive)
         except (RedisError, TimeoutError) as e:
@@ -284,7 +269,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             return Response(status_code=499)
         said["counted"] = "1"  # the ticket counts it from here
         try:
-            if first["t"] == "err":
+            if isinstance(first, Failed):
                 spawn(close_events(stream))
                 await ticket.close(outcome_of(first))
                 err = from_event(first)
@@ -293,8 +278,11 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             created = int(time.time())
             if body.stream:
                 return SSEResponse(sse(gw.orphans, line, rid, kind, body, first, stream, created, rec, ticket),
-                                         media_type="text/event-stream", headers=headers)
+                                   media_type="text/event-stream", headers=headers)
             spawn(close_events(stream))
+            if not isinstance(first, Done):  # a chunk for a call that was not streamed: the worker's fault
+                raise APIError(502, "the worker streamed an answer that was asked for whole", "engine_error",
+                               code="bad_answer")
             rec.done(first)
             await ticket.close("completed", usage_of(first))
             return _json(final_body(kind, rid, body.model, created, first), headers=headers)

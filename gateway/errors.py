@@ -19,6 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fleet.store.events import Failed
+
 log = logging.getLogger("fleet.gateway")
 
 
@@ -118,7 +120,6 @@ def raw_response(status: int, code: str, message: str, type_: str = "invalid_req
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
-def from_event(ev: dict[str, Any]) -> APIError:
-    """A worker's or the line's error event, as the caller should see it."""
-    return APIError(int(ev.get("status", 502)), str(ev.get("msg", "request failed")), str(ev.get("type", "error")),
-                    code=ev.get("code") or ev.get("type"))
+def from_event(ev: Failed) -> APIError:
+    """A worker's or the line's end of a call that failed, as the caller should see it."""
+    return APIError(ev.status, ev.message, ev.type, code=ev.code or ev.type, param=ev.param)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -29,6 +28,7 @@ from fleet.config import CLASSES, FleetConfig
 from fleet.governor import set_budget_gauges
 from fleet.observe import read_tier
 from fleet.policy import arrival_rate, drain_s, replicas_by_version, service_rate
+from fleet.store.events import Done
 from fleet.store.line import Line
 from fleet.store.model_registry import read_record
 
@@ -98,18 +98,15 @@ class RequestRecorder:
         self.t0 = time.monotonic()
         self._done = False
 
-    def done(self, ev: dict[str, Any]) -> None:
-        """The worker's done event: fields ttft, tpot, wait (seconds), pt, ct (tokens)."""
+    def done(self, ev: Done) -> None:
+        """The worker's done event: its TTFT, TPOT and wait (seconds) and its token counts."""
         if self._done:
             return
         self._done = True
         m.LATENCY.labels(self.tier, self.priority).observe(time.monotonic() - self.t0)
-        if "wait" in ev:
-            m.QUEUE_WAIT.labels(self.tier, self.priority).observe(float(ev["wait"]))
-        if "ttft" in ev:
-            m.TTFT.labels(self.tier).observe(float(ev["ttft"]))
-        # One token has no time per output token; the worker sends 0 then.
-        if int(ev.get("ct", 0)) > 1 and "tpot" in ev:
-            m.TPOT.labels(self.tier).observe(float(ev["tpot"]))
-        m.TOKENS.labels(self.tier, "prompt").inc(int(ev.get("pt", 0)))
-        m.TOKENS.labels(self.tier, "completion").inc(int(ev.get("ct", 0)))
+        m.QUEUE_WAIT.labels(self.tier, self.priority).observe(ev.wait_s)
+        m.TTFT.labels(self.tier).observe(ev.ttft_s)
+        if ev.completion_tokens > 1:  # one token has no time per output token
+            m.TPOT.labels(self.tier).observe(ev.tpot_s)
+        m.TOKENS.labels(self.tier, "prompt").inc(ev.prompt_tokens)
+        m.TOKENS.labels(self.tier, "completion").inc(ev.completion_tokens)

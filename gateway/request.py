@@ -39,6 +39,11 @@ class ClientLeft(Exception):
 
 async def read_body(request: Request, limit: int) -> Any:
     """The JSON body, or a typed 413 (over `limit` bytes) / 400 (not JSON)."""
+    return (await read_json(request, limit))[1]
+
+
+async def read_json(request: Request, limit: int) -> tuple[bytes, Any]:
+    """The body as it arrived and as JSON, or a typed 413 (over `limit` bytes) / 400 (not JSON)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit}", code="body_too_large")
@@ -51,7 +56,7 @@ async def read_body(request: Request, limit: int) -> Any:
     except ClientDisconnect:
         raise ClientLeft from None
     try:
-        return orjson.loads(chunks)
+        return bytes(chunks), orjson.loads(chunks)
     except orjson.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
 

@@ -36,6 +36,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from fleet.store.connection import MAX_BLOCK_S
+from fleet.store.events import Chunk, Event
 from fleet.store.line import Line
 from fleet.tasks import cancel_and_wait
 
@@ -45,7 +46,6 @@ COUNT = 256  # entries per stream per read: a burst of tokens arrives in one rea
 PACE_PER_CALL_S = 1e-6  # the least time between two reads, per open call (see above)
 _BLOCK_MS = int(MAX_BLOCK_S * 1000)  # a read ends by this at the latest (a ring ends it sooner)
 _RETRY_AFTER_ERROR_S = 0.1
-_FINAL = ("done", "err")  # the event types that end a call's stream
 
 
 class Watch:
@@ -58,11 +58,11 @@ class Watch:
         self.rid = rid
         self.key = key
         self.last = b"0-0"  # the last entry read: the next read starts after it
-        self.events: deque[dict[str, Any]] = deque()
+        self.events: deque[Event] = deque()
         self.error: BaseException | None = None
         self._ready: asyncio.Future[None] | None = None  # set while the call waits
 
-    async def next(self, timeout_s: float) -> dict[str, Any] | None:
+    async def next(self, timeout_s: float) -> Event | None:
         """The next event, or None when `timeout_s` passes first. Raises the reader's Redis error."""
         if not self.events and self.error is None:
             loop = asyncio.get_running_loop()
@@ -149,7 +149,7 @@ class _Tier:
                     continue  # a call that ended meanwhile
                 w.last = last
                 w.events.extend(events)
-                if events[-1].get("t") in _FINAL:
+                if events and not isinstance(events[-1], Chunk):
                     # Nothing follows a final event: stop reading its stream now, so the next
                     # read does not name it (and with no other call open, none is issued at all:
                     # the next call starts a fresh read instead of ringing this one awake).

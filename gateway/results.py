@@ -8,6 +8,7 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fleet.store.events import Chunk, Event, Failed
 from fleet.store.line import Line
 from fleet.tasks import cancel_and_wait
 from gateway.redis_loss import GRACE_S, spawn
@@ -22,8 +23,12 @@ class ClientGone(Exception):
     """The caller disconnected."""
 
 
-async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[dict[str, Any]]:
-    """Yield the request's events until its final one (done or err), as the
+EXPIRED = Failed(504, "deadline_exceeded", "deadline passed before the request finished")
+RESULT_LOST = Failed(504, "deadline_exceeded", "deadline passed and the request's result was lost")
+
+
+async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[Event]:
+    """Yield the request's events until its final one (done or failed), as the
     process's result reader (`gateway.result_reader`) hands them to `watch`.
 
     When the gateway's own clock passes the deadline, the request is ended
@@ -40,19 +45,17 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
             if left <= 0 and not expired_sent:
                 expired_sent = True
                 async with asyncio.timeout(GRACE_S):  # a frozen Redis must not hold the caller's answer
-                    await line.finish(rid, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                       "msg": "deadline passed before the request finished"})
+                    await line.finish(rid, "expired", EXPIRED)
             if left < -GIVE_UP_AFTER_S:
                 # The final event never came (the request's keys are gone: an evicting
                 # or restarted Redis). The caller still gets its answer, not a hang.
-                yield {"t": "err", "status": 504, "type": "deadline_exceeded",
-                       "msg": "deadline passed and the request's result was lost"}
+                yield RESULT_LOST
                 return
             ev = await watch.next(left if left > 0 else GIVE_UP_AFTER_S + left + 0.001)
             if ev is None:
                 continue
             yield ev
-            if ev["t"] in ("done", "err"):
+            if not isinstance(ev, Chunk):
                 return
     finally:
         watch.close()
@@ -60,7 +63,7 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
         drop_soon(line, rid)
 
 
-async def close_events(stream: AsyncIterator[dict[str, Any]]) -> None:
+async def close_events(stream: AsyncIterator[Event]) -> None:
     """Close a request's event reader off the caller's path; a reader already gone is fine."""
     with contextlib.suppress(Exception):
         await stream.aclose()  # type: ignore[attr-defined]
@@ -112,7 +115,7 @@ async def wait_disconnect(receive: Any) -> None:
             return
 
 
-async def first_or_gone(agen: AsyncIterator[dict[str, Any]], receive: Any) -> dict[str, Any]:
+async def first_or_gone(agen: AsyncIterator[Event], receive: Any) -> Event:
     """The next event, or ClientGone if the caller leaves first."""
     nxt = asyncio.ensure_future(agen.__anext__())
     gone = asyncio.ensure_future(wait_disconnect(receive))

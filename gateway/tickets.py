@@ -14,12 +14,13 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from redis.asyncio import Redis
 
 from fleet import metrics
 from fleet.config import Priority
+from fleet.store.events import Done, Failed
 from fleet.store.line import Line
 from gateway.auth import Caller
 from gateway.errors import APIError
@@ -142,8 +143,6 @@ async def end_all(reservations: Sequence[Reservation], usage: Usage | None) -> N
             log.exception("could not end reservation %r", r)
 
 
-def outcome_of(ev: dict[str, Any]) -> str:
+def outcome_of(ev: Done | Failed) -> str:
     """The outcome a final event stands for."""
-    if ev.get("t") == "done":
-        return "completed"
-    return "expired" if ev.get("type") == "deadline_exceeded" else "failed"
+    return "completed" if isinstance(ev, Done) else ev.outcome

@@ -26,6 +26,7 @@ from fleet.redis_server import free_port
 from fleet.store.connection import connect_sync
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
+from fleet.store.payloads import CallPayload
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_CONFIG = Path(__file__).resolve().parent / "fleet-test.yaml"
@@ -68,6 +69,18 @@ def config_variant(base: Path, out_dir: Path, tier: str, section: str | None = N
     p = out_dir / base.name
     p.write_text(yaml.safe_dump(cfg))
     return p
+
+def call_payload(prompt: str = "route this", max_tokens: int = 10, *, kind: str = "completion", stream: bool = False,
+                 key: str = "", **fields: Any) -> bytes:
+    """A call's payload as the gateway writes it (`fleet.store.payloads`), for tests that put calls on
+    the line themselves: a completion of `prompt` (or, with kind="chat", one user turn of it)."""
+    body: dict[str, Any] = {"model": "any", "max_tokens": max_tokens, **fields}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return CallPayload.encode(kind, orjson.dumps(body), max_tokens=max_tokens, key=key, stream=stream)  # type: ignore[arg-type]
+
 
 async def enqueue_many(line: Line, prio: Priority, n: int = 1, deadline_ms: int = 30_000) -> list[str]:
     """Put `n` requests of class `prio` on the line (bodies numbered 0..n-1); their ids in arrival order."""
@@ -211,7 +224,7 @@ class LineLoad:
 
         r = Redis.from_url(self.redis_url)
         line = Line(r, self.namespace, self.tier, rate_window_s=4.0)
-        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 10})
+        payload = call_payload()
         t0 = time.monotonic()
         while not self.stop.is_set():
             await line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, self.deadline_ms)

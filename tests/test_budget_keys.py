@@ -15,8 +15,8 @@ import yaml
 from redis.asyncio import Redis
 
 from fleet.policy.key_budget import worst_case_usd
+from fleet.prompt_size import estimate_prompt_tokens
 from fleet.store.key_budget import KeyBudget
-from gateway.admission import estimate_prompt_tokens
 from tests.harness import TEST_CONFIG, Fleet, wait_until
 
 
@@ -82,7 +82,7 @@ def budget_fleet(redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
     routing = cfg["tiers"]["routing"]
     routing.update(usd_per_million_tokens=USD_PER_MILLION, slots=16,
                    wait_limit_s={"committed": 30.0, "interactive": 30.0, "speculative": 30.0, "background": 30.0})
-    worst = worst_case_usd(estimate_prompt_tokens({"messages": MESSAGES}), MAX_TOKENS, USD_PER_MILLION)
+    worst = worst_case_usd(estimate_prompt_tokens("chat", {"messages": MESSAGES}), MAX_TOKENS, USD_PER_MILLION)
     cfg["keys"] = [{"name": "desk", "sha256": hashlib.sha256(SECRET.encode()).hexdigest(),
                     "budget_usd": 50 * worst}]
     path = tmp_path / "fleet.yaml"
@@ -143,7 +143,7 @@ async def test_a_call_dropped_after_an_engine_took_it_is_charged_its_reservation
             if i >= 2:
                 break  # hang up mid-stream
     kb = KeyBudget(Redis.from_url(f.redis_url), f.namespace)
-    worst = worst_case_usd(estimate_prompt_tokens({"messages": MESSAGES}), long_tokens, USD_PER_MILLION)
+    worst = worst_case_usd(estimate_prompt_tokens("chat", {"messages": MESSAGES}), long_tokens, USD_PER_MILLION)
 
     async def settled() -> bool:
         st = await kb.state(f.cfg.keys[0].sha256)

@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 import openai
-import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -29,7 +28,7 @@ from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.line import Line
 from tests.docker_stack import LABEL, ROOT, Stack, start_stack
-from tests.harness import wait_until
+from tests.harness import call_payload, wait_until
 
 pytestmark = pytest.mark.timeout(900)  # the first test pays for a cold image build (about 4 minutes)
 TIERS = {"routing": "fleet-small", "analysis": "fleet-mid", "planner": "fleet-large"}
@@ -62,7 +61,7 @@ def enqueue(s: Stack, tier: str, n: int, max_tokens: int = 10) -> list[str]:
     async def go() -> None:
         r = Redis.from_url(s.redis_url)
         line = Line(r, s.namespace, tier, rate_window_s=4.0)
-        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": max_tokens})
+        payload = call_payload(max_tokens=max_tokens)
         await asyncio.gather(*(line.enqueue(rid, Priority.interactive, payload, 120_000) for rid in rids))
         await r.aclose()
 

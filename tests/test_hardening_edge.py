@@ -140,8 +140,8 @@ BOUNDED = [
     (_with(metadata={"k": "v" * 513}), "metadata.k"),
     (_with(messages=[{"role": "user", "content": "x"}] * 2049), "messages"),
     (_with(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}] * 257}]), "messages.0.content"),
-    (_with(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}]),
-     "messages.0.content.0.type"),
+    (_with(messages=[{"role": "user", "content": [{"type": "", "text": "x"}]}]), "messages.0.content.0.type"),
+    (_with(tools=[{"type": "function", "function": {"name": ""}}]), "tools.0.function.name"),
     (_with(model="m" * 257), "model"),
     (_with(seed=2**64), "seed"),
     (_with(n=2), "n"),
@@ -160,6 +160,17 @@ def test_every_field_that_reaches_redis_is_bounded(edge: Fleet) -> None:
     ok = _with(stop=["s" * 256] * 4, user="u" * 256, metadata={f"k{i}": "v" * 512 for i in range(16)},
                seed=2**64 - 1)
     assert chat(edge, ok).status_code == 200
+
+
+def test_a_part_the_engine_cannot_take_is_a_typed_400_naming_it(edge: Fleet) -> None:
+    """An image goes to the engine, never dropped in silence: the sim engine takes text only, and
+    says which part it could not take."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    r = chat(edge, _with(messages=[{"role": "user", "content": [{"type": "text", "text": "look"}, image]}]))
+    assert r.status_code == 400, r.text
+    err = typed(r.content)
+    assert (err["code"], err["param"]) == ("unsupported_content", "messages[0].content[1]")
+    assert "image_url" in err["message"]
 
 
 # --- item 7: error shapes and strict types ----------------------------------------------------------

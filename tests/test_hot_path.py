@@ -200,7 +200,7 @@ async def test_wait_and_claim_claims_when_the_bell_rings(line: Line) -> None:
     t0 = time.monotonic()
     await line.enqueue(rid, Priority.interactive, b'{"x": 1}', 60_000)
     got = await asyncio.wait_for(wait, 3)
-    assert [c.rid for c in got] == [rid] and got[0].payload == {"x": 1} and not got.more
+    assert [c.rid for c in got] == [rid] and got[0].payload == b'{"x": 1}' and not got.more
     assert time.monotonic() - t0 < 2.0  # claimed on the ring, not at the 5 s timeout
     assert await line.redis.zscore(line.keys.inflight, rid) is not None  # leased like any claim
 

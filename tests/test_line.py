@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import orjson
 import pytest
 
 from fleet.config import Priority
 from fleet.store.connection import connect, pubsub_source
+from fleet.store.events import Done, decode
 from fleet.store.line import Line
 from tests.harness import enqueue_many as _put
+
+DONE = Done(1, "stop", {})
 
 # The line protocol runs the same on one Redis and on a Redis Cluster (3 masters + 3 replicas).
 pytestmark = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
@@ -54,8 +56,8 @@ async def test_expired_lease_requeues_at_head_of_class(line: Line) -> None:
     assert [c.rid for c in again] == [a, b]  # back ahead of what arrived after it
     assert again[0].attempt == 2 and again[0].owner == "w2:2"
     # The dead worker's late completion is refused: exactly once.
-    assert not await line.finish(a, "completed", {"t": "done"}, owner=ca.owner)
-    assert await line.finish(a, "completed", {"t": "done"}, owner=again[0].owner) == "running"
+    assert not await line.finish(a, "completed", DONE, owner=ca.owner)
+    assert await line.finish(a, "completed", DONE, owner=again[0].owner) == "running"
     snap = await line.observe()
     assert snap.counters["completed"] == 1 and snap.counters["requeued"] == 1
 
@@ -73,11 +75,12 @@ async def test_renewed_lease_is_not_reaped(line: Line) -> None:
 async def test_streamed_request_is_not_rerun_but_lost(line: Line) -> None:
     [rid] = await _put(line, Priority.interactive)
     [c] = await line.claim("w", 1, lease_s=0.05)
-    assert await line.emit([(rid, c.owner, {"t": "tok", "a": 1, "x": "hello"}, True)]) == []  # all written
+    chunk = b'"delta":{"content":"hello"},"logprobs":null'
+    assert await line.emit([(rid, c.owner, chunk, True, "")]) == []  # all written
     await asyncio.sleep(0.1)
     assert await line.reap() == (0, 1, 0)
     entries = await line.redis.xrange(line.keys.result(rid))
-    assert [orjson.loads(e[1][b"e"])["type"] for e in entries[1:]] == ["worker_lost"]
+    assert [decode(e[1]).type for e in entries[1:]] == ["worker_lost"]
     assert await line.claim("w2", 5, 5) == []
 
 
@@ -88,7 +91,7 @@ async def test_deadline_passed_in_line_never_claimed(line: Line) -> None:
     claimed = await line.claim("w", 5, 5)
     assert [c.rid for c in claimed] == [ok]
     [(_, fields)] = await line.redis.xrange(line.keys.result(late))
-    assert orjson.loads(fields[b"e"])["type"] == "deadline_exceeded"
+    assert decode(fields).type == "deadline_exceeded"
     assert (await line.observe()).counters["expired"] == 1
 
 

@@ -29,7 +29,7 @@ from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, LineLoad, config_variant, scaled_fleet, wait_until
+from tests.harness import ROOT, Fleet, LineLoad, call_payload, config_variant, scaled_fleet, wait_until
 
 CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
 TIER = "routing"
@@ -307,7 +307,7 @@ def test_scaling_goes_on_during_a_rollout_and_counts_both_versions(rfleet: Fleet
     async def burst() -> None:
         r = Redis.from_url(f.redis_url)
         line = Line(r, f.namespace, TIER, rate_window_s=4.0)
-        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": 20})
+        payload = call_payload(max_tokens=20)
         await asyncio.gather(*(line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 60_000)
                                for _ in range(80)))
         await r.aclose()

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from fleet.config import ConfigError, Priority, load_config
 from fleet.policy import RunningRequest, WaitingRequest, choose_victim, claim_caps
+from fleet.store.events import Done, Failed
 from fleet.store.line import Line
 from tests.harness import TEST_CONFIG
 from tests.harness import enqueue_many as _put
@@ -87,8 +88,8 @@ async def test_victim_goes_back_to_the_head_of_its_class_in_arrival_order(line: 
     assert w is not None and w.rid == com and w.rank == 0
     assert await line.preempt(com, bg[1], running[1].owner, max_preemptions=1)
     # The old attempt's lease is gone: it can neither finish the request nor stream into it.
-    assert not await line.finish(bg[1], "completed", {"t": "done"}, owner=running[1].owner)
-    assert await line.emit([(bg[1], running[1].owner, {"t": "tok"}, True)]) == [0]
+    assert not await line.finish(bg[1], "completed", Done(1, "stop", {}), owner=running[1].owner)
+    assert await line.emit([(bg[1], running[1].owner, b'"text":"a","logprobs":null', True, "")]) == [0]
     assert await line.peek_waiter() is not None  # bg[1] waits again, unmarked
     order = await line.claim("w1", 10, 5)
     assert [c.rid for c in order] == [com, bg[1], bg[2], bg[3]]  # ahead of what arrived after it
@@ -133,7 +134,7 @@ async def test_preempt_refuses_a_streamed_victim_a_lower_waiter_and_past_max(lin
     inter, bg0, bg1 = await line.claim("w", 3, 5)
     (spec,) = await _put(line, Priority.speculative)
     assert not await line.preempt(spec, inter.rid, inter.owner, max_preemptions=3)  # not lower
-    await line.emit([(bg0.rid, bg0.owner, {"t": "tok", "x": "a"}, True)])
+    await line.emit([(bg0.rid, bg0.owner, b'"text":"a","logprobs":null', True, "")])
     (com,) = await _put(line, Priority.committed)
     assert not await line.preempt(com, bg0.rid, bg0.owner, max_preemptions=3)  # it streamed
     assert not await line.preempt(com, bg1.rid, bg1.owner, max_preemptions=0)  # past max
@@ -155,7 +156,7 @@ async def test_cancel_and_deadline_still_end_a_preempted_request_in_the_line(lin
     snap = await line.observe()
     assert snap.counters["cancelled"] == 1 and snap.counters["expired"] == 1 and snap.waiting == 0
     events = await line.read_events(b.rid, "0-0", 100)
-    assert events[-1][1]["type"] == "deadline_exceeded"
+    assert isinstance(events[-1][1], Failed) and events[-1][1].type == "deadline_exceeded"
 
 
 async def test_claim_caps_leave_reserved_slots_for_higher_classes(line: Line) -> None:

@@ -12,14 +12,14 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import orjson
 import pytest
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, Preemption, Priority, load_config
+from fleet.store.events import Done, Event
 from fleet.store.ledger import Ledger
 from fleet.store.line import Line
-from tests.harness import TEST_CONFIG, Fleet, wait_until
+from tests.harness import TEST_CONFIG, Fleet, call_payload, wait_until
 from workers.engines.sim import SimEngine
 from workers.worker import Worker
 
@@ -69,14 +69,13 @@ async def _put(line: Line, prio: Priority, max_tokens: int, n: int = 1) -> list[
     ids = []
     for _ in range(n):
         rid = uuid.uuid4().hex
-        payload = {"kind": "completion", "prompt": "p" * 40, "max_tokens": max_tokens, "ignore_eos": True,
-                   "key": "k1"}
-        await line.enqueue(rid, prio, orjson.dumps(payload), 60_000)
+        payload = call_payload("p" * 40, max_tokens, key="k1", ignore_eos=True)
+        await line.enqueue(rid, prio, payload, 60_000)
         ids.append(rid)
     return ids
 
 
-async def _outcome(redis: Redis, line: Line, rid: str) -> tuple[str, dict]:  # type: ignore[type-arg]
+async def _outcome(redis: Redis, line: Line, rid: str) -> tuple[str, Event]:
     """The request's one outcome and its last event (waits for it)."""
     await _until(lambda: _state_is_done(redis, line, rid), f"{rid} to end")
     outcome = (await redis.hget(line.keys.request(rid), "outcome")).decode()
@@ -113,7 +112,7 @@ async def test_committed_takes_a_slot_from_background_and_everything_completes_o
     assert ended[com] < min(ended[b] for b in bg)
     for rid, n in [(com, 8), *((b, 400) for b in bg)]:
         outcome, ev = await _outcome(redis, line, rid)
-        assert outcome == "completed" and ev["t"] == "done" and ev["ct"] == n  # the same response, exact
+        assert outcome == "completed" and isinstance(ev, Done) and ev.completion_tokens == n  # the same response, exact
     attempts = sorted([int(await redis.hget(line.keys.request(b), "attempt")) for b in bg])
     assert attempts == [1, 2]  # exactly one victim, run again once
     snap = await line.observe()
@@ -160,7 +159,7 @@ async def test_no_starvation_past_max_preemptions(redis: Redis) -> None:
     for b in bg:
         assert int(await redis.hget(line.keys.request(b), "preempted") or 0) <= 1
         outcome, ev = await _outcome(redis, line, b)
-        assert outcome == "completed" and ev["ct"] == 150
+        assert outcome == "completed" and ev.completion_tokens == 150
 
 
 def test_worker_sigkilled_while_preempting_loses_nothing(fleet: Fleet) -> None:
@@ -241,8 +240,8 @@ async def test_a_stream_that_has_sent_tokens_is_never_preempted(redis: Redis) ->
         streams = []
         for _ in range(2):
             rid = uuid.uuid4().hex
-            payload = {"kind": "completion", "prompt": "p", "max_tokens": 200, "ignore_eos": True, "stream": True}
-            await line.enqueue(rid, Priority.background, orjson.dumps(payload), 60_000)
+            payload = call_payload("p", 200, stream=True, ignore_eos=True)
+            await line.enqueue(rid, Priority.background, payload, 60_000)
             streams.append(rid)
         # Both streams have sent tokens to their callers before the committed call arrives.
         await _until(lambda: _all_streamed(redis, line, streams), "both streams sending")

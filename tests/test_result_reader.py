@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.store.connection import connect
+from fleet.store.events import Chunk, Done, chunk_fields, encode
 from fleet.store.line import Line
 from gateway.result_reader import ResultReader
 from tests.harness import blocked_in
@@ -30,9 +31,19 @@ async def setup(redis_url: str):
     await blocking.aclose()
 
 
-async def write(r: Redis, line: Line, rid: str, *events: dict[str, object]) -> None:
+async def write(r: Redis, line: Line, rid: str, *events: Done | str) -> None:
+    """Entries as a worker writes them: a chunk of text, or an end."""
     for ev in events:
-        await r.xadd(line.keys.result(rid), {"e": orjson.dumps(ev)})
+        fields = chunk_fields(orjson.dumps(ev)) if isinstance(ev, str) else dict([encode(ev)])
+        await r.xadd(line.keys.result(rid), fields)  # type: ignore[arg-type]
+
+
+def done(text: str) -> Done:
+    return Done(1, "stop", {}, replica=text)
+
+
+def seen(ev: object) -> str:
+    return orjson.loads(ev.body) if isinstance(ev, Chunk) else ev.replica  # type: ignore[union-attr]
 
 
 async def connections(r: Redis, name: str) -> int:
@@ -48,12 +59,12 @@ async def test_many_open_calls_share_one_blocking_connection(setup, redis_url: s
     writer = Redis.from_url(redis_url)
     try:
         for i, rid in enumerate(rids):  # out of order across calls, in order within one
-            await write(writer, line, rid, {"t": "tok", "x": f"{i}a"}, {"t": "tok", "x": f"{i}b"})
+            await write(writer, line, rid, f"{i}a", f"{i}b")
         for i, rid in enumerate(reversed(rids)):
-            await write(writer, line, rid, {"t": "done", "x": str(len(rids) - 1 - i)})
+            await write(writer, line, rid, done(str(len(rids) - 1 - i)))
         for i, w in enumerate(watches):
             got = [await w.next(10.0) for _ in range(3)]
-            assert [e["x"] for e in got] == [f"{i}a", f"{i}b", str(i)]  # type: ignore[index]
+            assert [seen(e) for e in got] == [f"{i}a", f"{i}b", str(i)]
             w.close()
         assert reader.open_calls == 0
         # 300 calls were open: one blocking connection read for all of them.
@@ -74,10 +85,10 @@ async def test_a_call_that_joins_during_a_blocked_read_is_not_kept_waiting(setup
             await blocked_in(writer, f"{name}:blocking", "xread")
             rid = uuid.uuid4().hex
             late = reader.watch(line, rid)
-            await write(writer, line, rid, {"t": "done", "x": "late"})
+            await write(writer, line, rid, done("late"))
             t0 = time.monotonic()
             ev = await late.next(4.0)
-            assert ev == {"t": "done", "x": "late"}
+            assert ev == done("late")
             assert time.monotonic() - t0 < 2.0  # rung awake: not the 5 s block
             late.close()
         assert await first.next(0.01) is None  # nothing for it, and it waited no longer than asked

@@ -29,7 +29,7 @@ from fleet.config import FleetConfig, Priority, load_config
 from fleet.redis_server import free_port
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, config_variant, scaled_fleet, wait_until
+from tests.harness import ROOT, Fleet, call_payload, config_variant, scaled_fleet, wait_until
 
 SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"
 TIER = "routing"
@@ -75,7 +75,7 @@ def burst(f: Fleet, n: int, max_tokens: int = 10) -> None:
     async def go() -> None:
         r = Redis.from_url(f.redis_url)
         line = Line(r, f.namespace, TIER, rate_window_s=4.0)
-        payload = orjson.dumps({"kind": "completion", "prompt": "route this", "max_tokens": max_tokens})
+        payload = call_payload(max_tokens=max_tokens)
         await asyncio.gather(*(line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 60_000)
                                for _ in range(n)))
         await r.aclose()

@@ -31,6 +31,7 @@ from simulator.arrivals import Call, Trace
 from simulator.engine import Simulator
 from simulator.policies import Action, OurPolicy
 from simulator.scenario import Scenario, parse_scenario
+from tests.harness import call_payload
 
 TIER = "routing"
 
@@ -86,7 +87,7 @@ async def _live(redis_url: str, sc: Scenario, ready: int, waiting: int,
     k = TierKeys(cfg.namespace, TIER)
     try:
         line = Line(r, cfg.namespace, TIER, result_ttl_s=60, rate_window_s=cfg.rate_window_s)
-        payload = orjson.dumps({"kind": "completion", "prompt": "x", "max_tokens": 10})
+        payload = call_payload("x", 10)
         for _ in range(ready + waiting):
             await line.enqueue(uuid.uuid4().hex, Priority.committed, payload, 60_000)
         # One call in flight on each ready replica (one slot each), the rest in the line.

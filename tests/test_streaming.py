@@ -12,8 +12,12 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority
+from fleet.store.events import Done, decode
 from fleet.store.line import Claimed, Line
+from workers.engines.base import Delta
 from workers.streaming import LeaseLost, StreamWriter
+
+DONE = Done(1, "stop", {})
 
 
 class CountingLine(Line):
@@ -51,7 +55,7 @@ async def until(read, want, limit_s: float = 10.0):  # type: ignore[no-untyped-d
 
 
 async def texts(line: Line, rid: str) -> list[str]:
-    return [orjson.loads(f[b"e"])["x"] for _, f in await line.redis.xrange(line.keys.result(rid))]
+    return [decode(f).members()["delta"]["content"] for _, f in await line.redis.xrange(line.keys.result(rid))]
 
 
 async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> None:
@@ -60,13 +64,13 @@ async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> N
     for c in reqs:
         w.open(c.lease, c.rid, c.owner, c.attempt)
 
-    async def decode(c: Claimed) -> None:
+    async def stream(c: Claimed) -> None:
         for i in range(40):  # a token every 2 ms, like a busy engine
-            w.push(c.lease, f"{i} ")
+            w.push(c.lease, Delta(f"{i} "))
             await asyncio.sleep(0.002)
         await w.close(c.lease)
 
-    await asyncio.gather(*(decode(c) for c in reqs))
+    await asyncio.gather(*(stream(c) for c in reqs))
     for c in reqs:
         got = await texts(line, c.rid)
         assert "".join(got) == "".join(f"{i} " for i in range(40))
@@ -84,7 +88,7 @@ async def test_few_streams_wait_for_no_window(line: CountingLine) -> None:
     [c] = await running(line)
     w.open(c.lease, c.rid, c.owner, c.attempt)
     for i in range(5):
-        w.push(c.lease, f"t{i} ")
+        w.push(c.lease, Delta(f"t{i} "))
         await until(lambda: texts(line, c.rid), [f"t{j} " for j in range(i + 1)], limit_s=2.0)
     await asyncio.wait_for(w.close(c.lease), 2.0)
     assert line.writes == 5
@@ -95,10 +99,10 @@ async def test_first_token_is_not_held_for_the_window(line: Line) -> None:
     w = StreamWriter(line, window_s=5.0, busy_streams=0)  # the window always applies
     a, b = await running(line, 2)
     w.open(a.lease, a.rid, a.owner, a.attempt)
-    w.push(a.lease, "x")  # starts a long window after its write
+    w.push(a.lease, Delta("x"))  # starts a long window after its write
     await until(lambda: texts(line, a.rid), ["x"])  # written: the window runs
     w.open(b.lease, b.rid, b.owner, b.attempt)
-    w.push(b.lease, "y")
+    w.push(b.lease, Delta("y"))
     await asyncio.wait_for(w.close(b.lease), 1.0)  # b's first token (and its close) cut a's window short
     assert await texts(line, b.rid) == ["y"]
     await asyncio.wait_for(w.close(a.lease), 1.0)
@@ -110,12 +114,12 @@ async def test_close_waits_for_the_last_token_then_the_final_event_follows(line:
     w = StreamWriter(line, window_s=0.2)
     w.open(c.lease, c.rid, c.owner, c.attempt)
     for t in ("a", "b", "c"):
-        w.push(c.lease, t)
+        w.push(c.lease, Delta(t))
     await w.close(c.lease)
-    assert await line.finish(c.rid, "completed", {"t": "done"}, owner=c.owner)
-    events = [orjson.loads(f[b"e"]) for _, f in await line.redis.xrange(line.keys.result(c.rid))]
-    assert "".join(e.get("x", "") for e in events[:-1]) == "abc"
-    assert events[-1]["t"] == "done"
+    assert await line.finish(c.rid, "completed", DONE, owner=c.owner)
+    events = [decode(f) for _, f in await line.redis.xrange(line.keys.result(c.rid))]
+    assert "".join(e.members()["delta"]["content"] for e in events[:-1]) == "abc"
+    assert isinstance(events[-1], Done)
     await w.stop()
 
 
@@ -123,14 +127,14 @@ async def test_discarded_stream_writes_nothing_more(line: Line) -> None:
     w = StreamWriter(line, window_s=0.2)
     c, other = await running(line, 2)
     w.open(c.lease, c.rid, c.owner, c.attempt)
-    w.push(c.lease, "first")
+    w.push(c.lease, Delta("first"))
     await until(lambda: texts(line, c.rid), ["first"])  # written; the window runs
-    w.push(c.lease, "dropped")
+    w.push(c.lease, Delta("dropped"))
     w.discard(c.lease)  # cancelled: what is buffered goes nowhere
     # Another stream's text, pushed after the discard, is written: the writer has run the
     # batch "dropped" would have ridden in, had it been kept.
     w.open(other.lease, other.rid, other.owner, other.attempt)
-    w.push(other.lease, "later")
+    w.push(other.lease, Delta("later"))
     await w.close(other.lease)
     assert await texts(line, other.rid) == ["later"]
     assert await texts(line, c.rid) == ["first"]
@@ -146,14 +150,14 @@ async def test_an_attempt_whose_lease_was_reaped_writes_nothing(line: Line) -> N
     w = StreamWriter(line, window_s=0)
     w.open(old.lease, old.rid, old.owner, old.attempt)
     w.open(new.lease, new.rid, new.owner, new.attempt)
-    w.push(old.lease, "stale ")
+    w.push(old.lease, Delta("stale "))
     with pytest.raises(LeaseLost):
         await w.close(old.lease)
-    w.push(new.lease, "fresh")
+    w.push(new.lease, Delta("fresh"))
     await w.close(new.lease)
     assert await texts(line, new.rid) == ["fresh"]
     # Nor can the old attempt renew or finish what the new one runs.
     assert await line.renew([(old.rid, old.owner)], 5) == [old.rid]
-    assert not await line.finish(old.rid, "completed", {"t": "done"}, owner=old.owner)
-    assert await line.finish(new.rid, "completed", {"t": "done"}, owner=new.owner) == "running"
+    assert not await line.finish(old.rid, "completed", DONE, owner=old.owner)
+    assert await line.finish(new.rid, "completed", DONE, owner=new.owner) == "running"
     await w.stop()

@@ -165,7 +165,7 @@ async def test_vllm_started_and_warmed(engine) -> None:
 
 @needs_vllm
 async def test_vllm_completion_streams_exact_counts(engine, completion_prompt_tokens: int) -> None:
-    req = EngineRequest(request_id="cmpl-1", kind="completion", prompt=PROMPT, max_tokens=24, ignore_eos=True)
+    req = EngineRequest.build(request_id="cmpl-1", kind="completion", prompt=PROMPT, max_tokens=24, ignore_eos=True)
     deltas = await collect(engine.generate(req))
     check_stream(deltas, 24, completion_prompt_tokens)
     assert len(deltas) > 1  # streamed, not one lump
@@ -173,7 +173,7 @@ async def test_vllm_completion_streams_exact_counts(engine, completion_prompt_to
 
 @needs_vllm
 async def test_vllm_chat_streams_exact_counts(engine, chat_prompt_tokens: int) -> None:
-    req = EngineRequest(
+    req = EngineRequest.build(
         request_id="chat-1", kind="chat", messages=MESSAGES, max_tokens=16, temperature=0.0, ignore_eos=True
     )
     deltas = await collect(engine.generate(req))
@@ -183,7 +183,7 @@ async def test_vllm_chat_streams_exact_counts(engine, chat_prompt_tokens: int) -
 @needs_vllm
 async def test_vllm_concurrent_streams(engine, completion_prompt_tokens: int) -> None:
     reqs = [
-        EngineRequest(request_id=f"conc-{i}", kind="completion", prompt=PROMPT, max_tokens=8 + 4 * i, ignore_eos=True)
+        EngineRequest.build(f"conc-{i}", "completion", PROMPT, max_tokens=8 + 4 * i, ignore_eos=True)
         for i in range(4)
     ]
     results = await asyncio.gather(*(collect(engine.generate(r)) for r in reqs))
@@ -193,16 +193,21 @@ async def test_vllm_concurrent_streams(engine, completion_prompt_tokens: int) ->
 
 @needs_vllm
 async def test_vllm_max_tokens_clamped_to_context(engine, completion_prompt_tokens: int) -> None:
-    req = EngineRequest(request_id="clamp-1", kind="completion", prompt=PROMPT, max_tokens=10_000, ignore_eos=True)
+    """As `vllm serve` does: up to the context's length, the output is cut at the room the prompt
+    leaves; past the context's length, a typed 400 naming max_tokens."""
+    req = EngineRequest.build("clamp-1", "completion", PROMPT, max_tokens=MAX_MODEL_LEN, ignore_eos=True)
     deltas = await collect(engine.generate(req))
     assert deltas[-1].finish_reason == "length"
     assert deltas[-1].completion_tokens == MAX_MODEL_LEN - completion_prompt_tokens
+    with pytest.raises(EngineError) as e:
+        await collect(engine.generate(EngineRequest.build("clamp-2", "completion", PROMPT, max_tokens=10_000)))
+    assert (e.value.type, e.value.param) == ("invalid_request_error", "max_tokens")
 
 
 @needs_vllm
 async def test_vllm_abort_stops_generation(engine) -> None:
     max_tokens = MAX_MODEL_LEN - 32
-    req = EngineRequest(request_id="abort-1", kind="completion", prompt=PROMPT, max_tokens=max_tokens, ignore_eos=True)
+    req = EngineRequest.build("abort-1", "completion", PROMPT, max_tokens=max_tokens, ignore_eos=True)
     seen: list[Delta] = []
     async for d in engine.generate(req):
         seen.append(d)
@@ -213,14 +218,14 @@ async def test_vllm_abort_stops_generation(engine) -> None:
     assert engine._engine.get_num_unfinished_requests() == 0
     # The engine still serves, and the id is free again.
     again = await collect(
-        engine.generate(EngineRequest("abort-1", "completion", PROMPT, max_tokens=4, ignore_eos=True))
+        engine.generate(EngineRequest.build("abort-1", "completion", PROMPT, max_tokens=4, ignore_eos=True))
     )
     assert again[-1].completion_tokens == 4
 
 
 @needs_vllm
 async def test_vllm_closing_the_stream_aborts(engine) -> None:
-    req = EngineRequest(request_id="close-1", kind="completion", prompt=PROMPT, max_tokens=400, ignore_eos=True)
+    req = EngineRequest.build(request_id="close-1", kind="completion", prompt=PROMPT, max_tokens=400, ignore_eos=True)
     stream = engine.generate(req)
     async for _ in stream:
         break
@@ -231,7 +236,7 @@ async def test_vllm_closing_the_stream_aborts(engine) -> None:
 @needs_vllm
 async def test_vllm_deadline_cancels_request(engine) -> None:
     """The worker's pattern: asyncio.timeout around the stream, then abort."""
-    req = EngineRequest(request_id="dl-1", kind="completion", prompt=PROMPT, max_tokens=400, ignore_eos=True)
+    req = EngineRequest.build(request_id="dl-1", kind="completion", prompt=PROMPT, max_tokens=400, ignore_eos=True)
     seen: list[Delta] = []
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
@@ -244,11 +249,11 @@ async def test_vllm_deadline_cancels_request(engine) -> None:
 
 @needs_vllm
 async def test_vllm_typed_errors(engine) -> None:
-    too_long = EngineRequest(request_id="long-1", kind="completion", prompt="word " * 2000, max_tokens=4)
+    too_long = EngineRequest.build(request_id="long-1", kind="completion", prompt="word " * 2000, max_tokens=4)
     with pytest.raises(EngineError) as e:
         await collect(engine.generate(too_long))
     assert e.value.type == "invalid_request_error"
-    no_messages = EngineRequest(request_id="chat-x", kind="chat", messages=[], max_tokens=4)
+    no_messages = EngineRequest.build(request_id="chat-x", kind="chat", messages=[], max_tokens=4)
     with pytest.raises(EngineError) as e:
         await collect(engine.generate(no_messages))
     assert e.value.type == "invalid_request_error"
@@ -266,7 +271,7 @@ async def test_vllm_preempted_for_committed_work_from_a_full_batch(engine, compl
 
     async def run(rid: str, priority: int, max_tokens: int) -> list[Delta]:
         out = []
-        req = EngineRequest(rid, "completion", PROMPT, max_tokens=max_tokens, ignore_eos=True, priority=priority)
+        req = EngineRequest.build(rid, "completion", PROMPT, max_tokens=max_tokens, ignore_eos=True, priority=priority)
         async for d in engine.generate(req):
             first.setdefault(rid, time.monotonic())
             out.append(d)
@@ -361,7 +366,7 @@ async def test_openai_upstream_started(served: OpenAIEngine) -> None:
 
 @needs_vllm
 async def test_openai_chat_uses_upstream_usage(served: OpenAIEngine, chat_prompt_tokens: int) -> None:
-    req = EngineRequest(request_id="o-chat-1", kind="chat", messages=MESSAGES, max_tokens=20, ignore_eos=True)
+    req = EngineRequest.build(request_id="o-chat-1", kind="chat", messages=MESSAGES, max_tokens=20, ignore_eos=True)
     deltas = await collect(served.generate(req))
     last = deltas[-1]
     assert last.finish_reason == "length"
@@ -372,7 +377,7 @@ async def test_openai_chat_uses_upstream_usage(served: OpenAIEngine, chat_prompt
 
 @needs_vllm
 async def test_openai_completion_uses_upstream_usage(served: OpenAIEngine, completion_prompt_tokens: int) -> None:
-    req = EngineRequest(request_id="o-cmpl-1", kind="completion", prompt=PROMPT, max_tokens=12, ignore_eos=True)
+    req = EngineRequest.build(request_id="o-cmpl-1", kind="completion", prompt=PROMPT, max_tokens=12, ignore_eos=True)
     deltas = await collect(served.generate(req))
     assert deltas[-1].finish_reason == "length"
     assert deltas[-1].completion_tokens == 12
@@ -382,7 +387,7 @@ async def test_openai_completion_uses_upstream_usage(served: OpenAIEngine, compl
 @needs_vllm
 async def test_openai_abort_closes_stream(served: OpenAIEngine) -> None:
     max_tokens = MAX_MODEL_LEN - 32
-    req = EngineRequest(
+    req = EngineRequest.build(
         request_id="o-abort-1", kind="completion", prompt=PROMPT, max_tokens=max_tokens, ignore_eos=True
     )
     seen: list[Delta] = []
@@ -397,7 +402,7 @@ async def test_openai_abort_closes_stream(served: OpenAIEngine) -> None:
 
 @needs_vllm
 async def test_openai_upstream_rejects_bad_request(served: OpenAIEngine) -> None:
-    req = EngineRequest(request_id="o-bad-1", kind="completion", prompt="word " * 2000, max_tokens=4)
+    req = EngineRequest.build(request_id="o-bad-1", kind="completion", prompt="word " * 2000, max_tokens=4)
     with pytest.raises(EngineError) as e:
         await collect(served.generate(req))
     assert e.value.type == "invalid_request_error"
@@ -470,7 +475,7 @@ async def started(base_url: str, **kw: float) -> OpenAIEngine:
     return eng
 
 
-CHAT = EngineRequest(request_id="s-1", kind="chat", messages=[{"role": "user", "content": "hi there"}], max_tokens=3)
+CHAT = EngineRequest.build("s-1", "chat", messages=[{"role": "user", "content": "hi there"}], max_tokens=3)
 
 
 async def test_openai_nothing_listening() -> None:
@@ -555,7 +560,7 @@ async def test_openai_truncated_stream_and_error_event() -> None:
             with pytest.raises(EngineError) as e:
                 await collect(eng.generate(CHAT))
             assert e.value.type == "upstream_error" and e.value.code == "incomplete"
-            cmpl = EngineRequest(request_id="s-2", kind="completion", prompt="hello", max_tokens=3)
+            cmpl = EngineRequest.build(request_id="s-2", kind="completion", prompt="hello", max_tokens=3)
             with pytest.raises(EngineError) as e:
                 await collect(eng.generate(cmpl))
             assert e.value.code == "stream_error" and "exploded" in str(e.value)

@@ -11,13 +11,12 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import orjson
 import pytest
 from redis.asyncio import Redis
 
 from fleet.config import Priority, load_config
 from fleet.store.line import Line
-from tests.harness import ROOT, TEST_CONFIG, Fleet
+from tests.harness import ROOT, TEST_CONFIG, Fleet, call_payload
 from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.worker import Worker
 
@@ -47,7 +46,7 @@ async def test_dead_engine_drains_the_replica_and_fails_only_what_it_held(redis_
     redis = Redis.from_url(redis_url)
     line = Line(redis, cfg.namespace, "routing")
     for _ in range(10):
-        await line.enqueue(uuid.uuid4().hex, Priority.interactive, orjson.dumps({"max_tokens": 2}), 30_000)
+        await line.enqueue(uuid.uuid4().hex, Priority.interactive, call_payload(max_tokens=2), 30_000)
     engine = DyingEngine()
     worker = Worker(cfg, "routing", engine, redis)
     await asyncio.wait_for(worker.run(), 30)

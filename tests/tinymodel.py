@@ -17,11 +17,24 @@ from pathlib import Path
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
-# ChatML: each turn is <|im_start|>role\ncontent<|im_end|>\n, and the
-# generation prompt opens an assistant turn.
+# ChatML: each turn is <|im_start|>role\ncontent<|im_end|>\n, and the generation prompt opens an
+# assistant turn. With tools, a system turn lists them as JSON first; an assistant turn's tool calls
+# are written as <tool_call>{"name": ..., "arguments": ...}</tool_call> (the form vLLM's `hermes`
+# tool parser reads back), and a tool's result is a turn of its own. Content may be a string or a
+# list of text parts (vLLM passes either, by the template's content format).
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n# Tools\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}{{ '}</tool_call>' }}{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -116,6 +129,8 @@ def _corpus(n_lines: int = 2000, seed: int = 0) -> list[str]:
         if rnd.random() < 0.3:
             words.append(str(rnd.randint(0, 10_000)))
         lines.append(" ".join(words).capitalize() + rnd.choice(punct))
+        if rnd.random() < 0.2:  # some JSON, as tool calls and structured answers are written
+            lines.append(f'{{"{rnd.choice(_WORDS)}": "{rnd.choice(_WORDS)}", "n": {rnd.randint(0, 99)}}}')
     return lines
 
 

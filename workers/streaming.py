@@ -22,9 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
+
+from fleet.chat_shapes import merge_delta, merge_logprobs
 from fleet.store.line import Line
 from fleet.tasks import cancel_and_wait
+from workers.engines.base import Delta
 
 WINDOW_S = 0.02  # 20 ms: below what a reader notices, a few decode steps of a busy engine
 BUSY_STREAMS = 16  # more open streams than this on a replica: batch their writes by the window
@@ -36,13 +41,58 @@ class LeaseLost(Exception):
 
 @dataclass(slots=True)
 class _Stream:
+    """One attempt's stream: what is buffered for its next chunk.
+
+    Plain text (the common case) is buffered as strings and written without a dict. A delta
+    with more than text (a tool-call fragment, reasoning, logprobs) turns the buffer into one
+    merged delta (`fleet.chat_shapes.merge_delta`): a burst of fragments is one chunk, as a
+    client would have merged it anyway."""
+
     rid: str
     owner: str
     attempt: int
+    chat: bool = True
+    model: str = ""  # the engine's model name, sent with the first chunk
     buf: list[str] = field(default_factory=list)
+    delta: dict[str, Any] | None = None  # the merged delta, once a delta brought more than text
+    logprobs: dict[str, Any] | None = None
     sent_any: bool = False  # its first token is written: the request is marked streamed
     written: asyncio.Event = field(default_factory=asyncio.Event)  # set when nothing is buffered or in flight
     error: BaseException | None = None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.buf) or self.delta is not None or self.logprobs is not None
+
+    def add(self, d: Delta) -> None:
+        if d.fields is None and d.logprobs is None and self.delta is None and self.logprobs is None:
+            self.buf.append(d.text)
+            return
+        if self.chat and (d.fields is not None or self.delta is not None):
+            self.delta = merge_delta(self.delta or {}, {"content": self._text()} if self.buf else {})
+            merge_delta(self.delta, {**({"content": d.text} if d.text else {}), **(d.fields or {})})
+        elif d.text:
+            self.buf.append(d.text)
+        self.logprobs = merge_logprobs(self.logprobs, d.logprobs)
+
+    def _text(self) -> str:
+        text = "".join(self.buf)
+        self.buf.clear()
+        return text
+
+    def take(self) -> bytes:
+        """The buffered chunk's members as JSON without braces (`fleet.store.events`); the buffer empties."""
+        logprobs = orjson.dumps(self.logprobs)
+        if self.delta is not None:
+            if self.buf:
+                merge_delta(self.delta, {"content": self._text()})
+            body = b'"delta":' + orjson.dumps(self.delta)
+        else:
+            body = (b'"delta":{"content":' if self.chat else b'"text":') + orjson.dumps(self._text())
+            if self.chat:
+                body += b"}"
+        self.delta = self.logprobs = None
+        return body + b',"logprobs":' + logprobs
 
 
 class StreamWriter:
@@ -60,20 +110,20 @@ class StreamWriter:
         self._now = asyncio.Event()  # a first token or a close: skip the window
         self._task: asyncio.Task[None] | None = None
 
-    def open(self, lease: str, rid: str, owner: str, attempt: int) -> None:
-        s = _Stream(rid, owner, attempt)
+    def open(self, lease: str, rid: str, owner: str, attempt: int, *, chat: bool = True, model: str = "") -> None:
+        s = _Stream(rid, owner, attempt, chat, model)
         s.written.set()
         self._streams[lease] = s
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._write_loop(), name="stream-writer")
 
-    def push(self, lease: str, text: str) -> None:
+    def push(self, lease: str, delta: Delta) -> None:
         s = self._streams[lease]
         if s.error is not None:
             raise s.error  # a failed write fails its request now, not at the end
-        if not s.sent_any and not s.buf:
+        if not s.sent_any and not s.pending:
             self._now.set()
-        s.buf.append(text)
+        s.add(delta)
         s.written.clear()
         self._more.set()
 
@@ -101,14 +151,12 @@ class StreamWriter:
             await self._more.wait()
             self._more.clear()
             self._now.clear()
-            batch = [(s, "".join(s.buf)) for s in self._streams.values() if s.buf]
-            for s, _ in batch:
-                s.buf.clear()
+            batch = [(s, s.take()) for s in self._streams.values() if s.pending]
             if not batch:  # its requests were discarded meanwhile
                 continue
             try:
-                lost = set(await self.line.emit([(s.rid, s.owner, {"t": "tok", "a": s.attempt, "x": text},
-                                                  not s.sent_any) for s, text in batch]))
+                lost = set(await self.line.emit([(s.rid, s.owner, body, not s.sent_any,
+                                                   "" if s.sent_any else s.model) for s, body in batch]))
                 for i, (s, _) in enumerate(batch):
                     if i in lost:
                         s.error = LeaseLost(f"lease on {s.rid} attempt {s.attempt} is gone")
@@ -117,7 +165,7 @@ class StreamWriter:
                     s.error = e
             for s, _ in batch:
                 s.sent_any = True
-                if not s.buf:
+                if not s.pending:
                     s.written.set()
             # The window, on a busy replica only: text that arrives meanwhile, from any stream,
             # rides in the next write. With few streams the next write goes at once.

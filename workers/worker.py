@@ -25,13 +25,16 @@ from redis.exceptions import RedisError
 from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.policy import replica_concurrency, tier_capacity
+from fleet.store.events import Done, Failed
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger
 from fleet.store.line import Claimed, Line
+from fleet.store.payloads import BadPayload, CallPayload
 from fleet.store.version_outcomes import queue_outcome
 from fleet.tasks import cancel_and_wait
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
+from workers.serving import Progress, run_engine
 from workers.streaming import LeaseLost, StreamWriter
 from workers.waiting import wait_and_claim
 
@@ -63,6 +66,7 @@ class Worker:
         self.completed = 0
         self.failed: str | None = None  # why the replica gave up, if it did
         self.cold_start_s: float | None = None
+        self.model_name: str | None = None
         self.started_at = time.time()
         self._slot_freed = asyncio.Event()
         self._draining = asyncio.Event()
@@ -89,6 +93,7 @@ class Worker:
             except Exception as e:  # any engine's bad model path, bad settings, missing GPU
                 raise EngineError(f"{type(e).__name__}: {e}", "engine_start_failed") from e
             self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
+            self.model_name = getattr(self.engine, "model_name", None)  # the engine's name, in every answer
             self.concurrency = self._concurrency()
             if not self._draining.is_set():
                 self.state = "ready"
@@ -204,78 +209,42 @@ class Worker:
     # --- serving --------------------------------------------------------------
 
     async def _serve(self, c: Claimed, attempt: Attempt) -> None:
-        """Run one claimed request on the engine and end it with exactly one outcome.
-
-        Within the time left to its deadline: stream its tokens (through the
-        replica's `StreamWriter`) or gather them, then `finish` it completed with
-        its usage, TTFT and TPOT, only while this attempt still holds the lease.
-        Past the deadline: abort it in the engine, finish it expired (504). Lease
-        lost (reaped while it ran) or cancelled: abort it in the engine, and leave
-        the outcome to whoever took it over. An engine error: finish it failed
-        (400 when the engine refused the request itself, else 502); a dead engine
-        also drains the replica. Always: free the slot and charge the tokens
-        generated to the ledger (useful only when completed on time).
-        """
-        p = c.payload
-        stream = bool(p.get("stream"))
-        req = EngineRequest(
-            request_id=f"{c.rid}-{c.attempt}", kind=p.get("kind", "chat"), prompt=p.get("prompt"),
-            messages=p.get("messages"), max_tokens=int(p.get("max_tokens", 16)),
-            temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
-            stop=list(p.get("stop") or []), seed=p.get("seed"), ignore_eos=bool(p.get("ignore_eos", False)),
-            stream=stream,
-            priority=attempt_rank(c.priority),
-        )
-        t0 = time.monotonic()
-        t_first = t_last = 0.0
-        parts: list[str] = []
-        prompt_tokens = completion_tokens = 0
-        useful = False  # only a completion this worker recorded, within its deadline, is useful
-        ended: bool | None = None  # for judging its version: ok, an error, or neither (cancelled, caller's fault)
-        finish_reason = "stop"
-        if stream:
-            self.streams.open(c.lease, c.rid, c.owner, c.attempt)
+        """Run one claimed request on the engine and end it with exactly one outcome (`_run`),
+        then free its slot and charge its tokens (`_release`), however it ended."""
+        progress = Progress()
+        key = ""
         try:
-            async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)), \
-                    contextlib.aclosing(self.engine.generate(req)) as deltas:  # the engine frees its KV now
-                async for d in deltas:
-                    now = time.monotonic()
-                    if not t_first:
-                        t_first = now
-                    t_last = now
-                    prompt_tokens, completion_tokens = d.prompt_tokens, d.completion_tokens
-                    attempt.progress = completion_tokens
-                    if d.finish_reason:
-                        finish_reason = d.finish_reason
-                    if stream:
-                        if d.text:
-                            first, attempt.sent = not attempt.sent, True
-                            self.streams.push(c.lease, d.text)
-                            if first:  # the writer sends it now, not after the rest of a burst is read
-                                await asyncio.sleep(0)
-                    else:
-                        parts.append(d.text)
-                if stream:
-                    await self.streams.close(c.lease)  # every token is in the result stream before the done event
-            ttft = (t_first or time.monotonic()) - t0
-            tpot = (t_last - t_first) / (completion_tokens - 1) if completion_tokens > 1 else 0.0
-            done: dict[str, Any] = {"t": "done", "a": c.attempt, "fr": finish_reason, "pt": prompt_tokens,
-                                    "ct": completion_tokens, "ttft": round(ttft, 6), "tpot": round(tpot, 6),
-                                    "wait": c.waited_ms / 1000, "replica": self.replica_id}
-            if not stream:
-                done["x"] = "".join(parts)
-            if await self._finish(c, "completed", done,
-                                      prompt_tokens=prompt_tokens, completion_tokens=completion_tokens):
-                useful = ended = True
-                self.completed += 1
-                metrics.TTFT.labels(self.tier).observe(ttft)
-                if completion_tokens > 1:  # one token has no time per output token
-                    metrics.TPOT.labels(self.tier).observe(tpot)
+            call = CallPayload.decode(c.payload)
+        except BadPayload as e:
+            log.error("request %s: %s", c.rid, e)
+            progress.ended = False
+            await self._finish(c, "failed", Failed(502, "engine_error", str(e), "bad_payload"))
+        else:
+            key = call.key
+            req = EngineRequest(request_id=f"{c.rid}-{c.attempt}", kind=call.kind, body=call.body,
+                                max_tokens=call.max_tokens, stream=call.stream, priority=attempt_rank(c.priority))
+            await self._run(c, req, attempt, progress)
+        finally:
+            await self._release(c, attempt, progress, key)
+
+    async def _run(self, c: Claimed, req: EngineRequest, attempt: Attempt, progress: Progress) -> None:
+        """Within the time left to its deadline, run the call on the engine (`run_engine`), then
+        finish it completed with its usage, TTFT and TPOT, only while this attempt still holds the
+        lease. Past the deadline: abort it in the engine, finish it expired (504). Lease lost
+        (reaped while it ran) or cancelled: abort it in the engine, and leave the outcome to
+        whoever took it over. An engine error: finish it failed (400 when the engine refused the
+        request itself, else 502); a dead engine also drains the replica."""
+        if req.stream:
+            self.streams.open(c.lease, c.rid, c.owner, c.attempt, chat=req.kind == "chat", model=self.model_name or "")
+        try:
+            async with asyncio.timeout(max(0.0, c.remaining_ms / 1000)):
+                await run_engine(self.engine, self.streams, c, req, attempt, progress)
+            await self._complete(c, req, progress)
         except TimeoutError:
-            ended = False
+            progress.ended = False
             await self.engine.abort(req.request_id)
-            await self._finish(c, "expired", {"t": "err", "status": 504, "type": "deadline_exceeded",
-                                                      "msg": "deadline passed while the request was running"})
+            await self._finish(c, "expired", Failed(504, "deadline_exceeded",
+                                                    "deadline passed while the request was running"))
         except LeaseLost:
             # Reaped while it ran (the replica stalled): another attempt owns it now.
             log.warning("lease on %s attempt %d was lost; aborting it here", c.rid, c.attempt)
@@ -286,40 +255,55 @@ class Worker:
             await self.engine.abort(req.request_id)
             raise
         except EngineError as e:
-            # The engine refusing the request itself (too long for the context, ...) is the
-            # caller's fault: a 400 it must not retry. Anything else is the fleet's: 502.
-            status = 400 if e.type == "invalid_request_error" else 502
-            ended = None if status == 400 else False
-            if e.code == "engine_dead" and self.failed is None:
-                # Nothing more will run here: stop claiming and exit non-zero, so the
-                # supervisor replaces the replica instead of it failing every request.
-                log.error("the engine died (%s): draining replica %s", e, self.replica_id)
-                self.failed = str(e)
-                self.drain()
-            await self._finish(c, "failed", {"t": "err", "status": status, "type": e.type,
-                                                     "code": e.code or e.type, "msg": str(e)})
+            await self._engine_failed(c, e, progress)
         except Exception as e:  # an engine bug must not take the replica down with it
-            ended = False
+            progress.ended = False
             log.exception("request %s failed in the engine", c.rid)
             await self.engine.abort(req.request_id)
-            await self._finish(c, "failed", {"t": "err", "status": 502, "type": "engine_error",
-                                                     "msg": f"{type(e).__name__}: {e}"})
-        finally:
-            self.streams.discard(c.lease)
-            if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
-                self.active.pop(c.rid, None)
-                self.owners.pop(c.rid, None)
-            self._slot_freed.set()
-            # Every token generated is charged, useful or not (late, failed, cancelled), except a
-            # preempted attempt's: it runs again, and only the attempt that ends it counts.
-            if not self.preemptor.untrack(c.rid, attempt):
-                with contextlib.suppress(Exception):  # the version's outcome goes in the charge's round trip
-                    await self.ledger.record_tokens(
-                        str(p.get("key") or ""), c.priority, prompt_tokens, completion_tokens, useful=useful,
-                        also=None if ended is None else lambda pipe: queue_outcome(
-                            pipe, self.line.keys, self.version, bool(ended), t_first - t0))
+            await self._finish(c, "failed", Failed(502, "engine_error", f"{type(e).__name__}: {e}"))
 
-    async def _finish(self, c: Claimed, outcome: str, event: dict[str, Any], **kw: Any) -> str | None:
+    async def _complete(self, c: Claimed, req: EngineRequest, progress: Progress) -> None:
+        done = progress.done(c, req, self.replica_id, self.model_name)
+        if await self._finish(c, "completed", done, prompt_tokens=done.prompt_tokens,
+                              completion_tokens=done.completion_tokens):
+            progress.useful = progress.ended = True
+            self.completed += 1
+            metrics.TTFT.labels(self.tier).observe(done.ttft_s)
+            if done.completion_tokens > 1:  # one token has no time per output token
+                metrics.TPOT.labels(self.tier).observe(done.tpot_s)
+
+    async def _engine_failed(self, c: Claimed, e: EngineError, progress: Progress) -> None:
+        """The engine refusing the request itself (too long for the context, a part it cannot take)
+        is the caller's fault: a 400 it must not retry. Anything else is the fleet's: 502."""
+        status = 400 if e.type == "invalid_request_error" else 502
+        progress.ended = None if status == 400 else False
+        if e.code == "engine_dead" and self.failed is None:
+            # Nothing more will run here: stop claiming and exit non-zero, so the
+            # supervisor replaces the replica instead of it failing every request.
+            log.error("the engine died (%s): draining replica %s", e, self.replica_id)
+            self.failed = str(e)
+            self.drain()
+        await self._finish(c, "failed", Failed(status, e.type, str(e), e.code or e.type, e.param))
+
+    async def _release(self, c: Claimed, attempt: Attempt, progress: Progress, key: str) -> None:
+        """Free the slot, and charge every token generated, useful or not (late, failed,
+        cancelled), except a preempted attempt's: it runs again, and only the attempt that ends
+        it counts. The version's outcome goes in the charge's round trip."""
+        self.streams.discard(c.lease)
+        if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
+            self.active.pop(c.rid, None)
+            self.owners.pop(c.rid, None)
+        self._slot_freed.set()
+        if self.preemptor.untrack(c.rid, attempt):
+            return
+        ended = progress.ended
+        with contextlib.suppress(Exception):
+            await self.ledger.record_tokens(
+                key, c.priority, progress.prompt_tokens, progress.completion_tokens, useful=progress.useful,
+                also=None if ended is None else lambda pipe: queue_outcome(
+                    pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0))
+
+    async def _finish(self, c: Claimed, outcome: str, event: Done | Failed, **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not
         thrown away, and the lease check (`owner`) keeps a late retry from ending a newer attempt.
         Given up once the caller's result could no longer be read (its TTL)."""

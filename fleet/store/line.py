@@ -19,8 +19,8 @@ Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
   waiting above it (PREEMPT): the victim goes back with its own score and its
   lease ends; the waiter gets a `pmark` (when), so no other replica preempts
   for it, unless the mark is older than a lease (its replica died).
-- `res:<id>` STREAM of events for the caller, with a TTL so unread results
-  cannot pile up.
+- `res:<id>` STREAM of events for the caller (`fleet.store.events`: chunks,
+  then done or failed), with a TTL so unread results cannot pile up.
 
 Deadlines are absolute on the Redis clock, set from the relative
 X-Deadline-Ms at enqueue, so gateway and worker clocks need not agree.
@@ -32,13 +32,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from fleet.config import Priority
 from fleet.store.connection import MAX_BLOCK_S
+from fleet.store.events import Done, Event, Failed, decode, encode
 from fleet.store.keys import TierKeys
 from fleet.store.line_scripts import (
     CLAIM,
@@ -60,7 +60,7 @@ __all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Claims", "Line", "LineSnapshot"
 @dataclass(slots=True)
 class Claimed:
     rid: str
-    payload: dict[str, Any]
+    payload: bytes  # as the gateway wrote it (`fleet.store.payloads.CallPayload` for a call)
     attempt: int
     remaining_ms: int  # time left to the deadline at claim, on the Redis clock
     waited_ms: int
@@ -254,7 +254,7 @@ class Line:
         lost = await self._renew(keys=[self.keys.inflight, *(self.keys.request(rid) for rid, _ in held)], args=args)
         return [_s(r) for r in lost]
 
-    async def finish(self, rid: str, outcome: str, event: dict[str, Any] | None = None, *, owner: str = "",
+    async def finish(self, rid: str, outcome: str, event: Done | Failed | None = None, *, owner: str = "",
                      prompt_tokens: int = 0, completion_tokens: int = 0) -> str | None:
         """End a request with one outcome. Only the first call for a request wins.
 
@@ -268,10 +268,11 @@ class Line:
         request is then aborted in its engine through the cancel channel.
         """
         k = self.keys
+        field, value = encode(event) if event is not None else (b"", b"")
         ok = await self._finish(
             keys=[k.line, k.inflight, k.counters, k.completions, k.request(rid), k.result(rid)],
-            args=[rid, outcome, owner, orjson.dumps(event) if event else "", self.result_ttl_s, self.window_ms,
-                  prompt_tokens, completion_tokens, k.cancel_channel],
+            args=[rid, outcome, owner, value, self.result_ttl_s, self.window_ms,
+                  prompt_tokens, completion_tokens, k.cancel_channel, field],
         )
         return _s(ok) or None
 
@@ -310,26 +311,26 @@ class Line:
             counters={flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)},
         )
 
-    async def emit(self, tokens: list[tuple[str, str, dict[str, Any], bool]]) -> list[int]:
-        """Append token events to result streams in one round trip: (rid, owner,
-        event, first) each. Returns the positions of the entries whose owner no
-        longer holds its lease (nothing was written for those).
+    async def emit(self, chunks: list[tuple[str, str, bytes, bool, str]]) -> list[int]:
+        """Append chunks to result streams in one round trip: (rid, owner, chunk body, first,
+        the engine's model or "") each (`fleet.store.events`). Returns the positions of the
+        entries whose owner no longer holds its lease (nothing was written for those).
 
         A request's first streamed token also marks it `streamed`, in the same
         step: from then on a lost worker means `worker_lost` for the caller,
         never a silent rerun that would send tokens twice.
         """
-        if not tokens:
+        if not chunks:
             return []
         args: list[Any] = [self.prefix, self.result_ttl_s]
         keys = [self.keys.inflight]
-        for rid, owner, event, first in tokens:
-            args += [rid, owner, "1" if first else "0", orjson.dumps(event)]
+        for rid, owner, body, first, model in chunks:
+            args += [rid, owner, "1" if first else "0", body, model]
             keys += [self.keys.request(rid), self.keys.result(rid)]
         return [int(i) for i in await self._emit(keys=keys, args=args)]
 
     async def read_results(self, keys: list[bytes], after: list[bytes],
-                           block_ms: int, count: int = 256) -> list[tuple[bytes, bytes, list[dict[str, Any]]]]:
+                           block_ms: int, count: int = 256) -> list[tuple[bytes, bytes, list[Event]]]:
         """One XREAD over many result streams (`keys`, each after its entry id in `after`, "0-0":
         from the start), on the blocking client, waiting up to `block_ms` for any entry. Returns
         (key, last entry id, events) for each stream with news. The gateway's result reader is the
@@ -338,16 +339,16 @@ class Line:
         # Built by hand, not through `xread(dict)`: with thousands of streams the dict and
         # redis-py's argument handling cost more than the read itself.
         resp = await self.blocking.execute_command("XREAD", "BLOCK", block, "COUNT", count, "STREAMS", *keys, *after)
-        return [(key, entries[-1][0], [orjson.loads(f[b"e"]) if b"e" in f else {} for _, f in entries])
+        return [(key, entries[-1][0], [ev for _, f in entries if (ev := decode(f)) is not None])
                 for key, entries in resp or () if entries]
 
-    async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
+    async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, Event]]:
         """One request's result events after entry `after` ("0-0": from the start), each with its
         entry id, waiting up to `block_ms` (blocking client). For a single reader (tests, benches
         driving the line directly); the gateway reads every call through `read_results`."""
         block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
         resp = await self.blocking.xread({self.keys.result(rid): after}, block=block, count=256)
-        return [(_s(entry), orjson.loads(fields[b"e"])) for entry, fields in resp[0][1]] if resp else []
+        return [(_s(entry), ev) for entry, fields in resp[0][1] if (ev := decode(fields)) is not None] if resp else []
 
     def reader_wake_key(self, reader_id: str) -> bytes:
         """A result reader's own stream in this tier (same slot as the results): `ring_reader`
@@ -372,7 +373,7 @@ class Line:
 
 
 def _claims(more: Any, rows: list[Any]) -> Claims:
-    return Claims((Claimed(rid=_s(r[0]), payload=orjson.loads(r[1]), attempt=int(r[2]), remaining_ms=int(r[3]),
+    return Claims((Claimed(rid=_s(r[0]), payload=r[1], attempt=int(r[2]), remaining_ms=int(r[3]),
                            waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
                    for r in rows), more=bool(int(more)))
 

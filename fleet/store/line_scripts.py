@@ -7,6 +7,7 @@ module doc. Every script starts with the store's one clock preamble
 
 from __future__ import annotations
 
+from fleet.store.events import EXPIRED_IN_LINE, SET_ASIDE, WORKER_LOST, lua_literal
 from fleet.store.lua import CLOCK, SHEBANG
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
@@ -32,9 +33,10 @@ if redis.call('ZCARD', KEYS[1]) > 0 then  -- an empty line (the common case when
 end
 """
 
+# An end the scripts write themselves: `f` and a `Failed` (fleet.store.events) rendered as a Lua string.
 _EVENT = """
-local function emit(res, ev, ttl)
-  redis.call('XADD', res, '*', 'e', ev)
+local function emit(res, field, value, ttl)
+  redis.call('XADD', res, '*', field, value)
   redis.call('EXPIRE', res, ttl)
 end
 """
@@ -110,8 +112,7 @@ while #out < n and pops < 4 * n + 16 do
       -- A request whose deadline passed in the line never reaches an engine.
       redis.call('HSET', req, 'state', 'done', 'outcome', 'expired')
       redis.call('HINCRBY', KEYS[3], 'expired', 1)
-      emit(ARGV[4] .. 'res:' .. rid, cjson.encode({t='err', status=504, type='deadline_exceeded',
-        msg='deadline passed while waiting in the line'}), tonumber(ARGV[5]))
+      emit(ARGV[4] .. 'res:' .. rid, 'f', """ + lua_literal(EXPIRED_IN_LINE) + """, tonumber(ARGV[5]))
     else
       local attempt = tonumber(f[4]) + 1
       local owner = ARGV[2] .. ':' .. attempt
@@ -143,7 +144,8 @@ return lost
 """
 
 # KEYS: line inflight counters completions req res
-# ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel
+# ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel event_field
+# (`event`: the value of the caller's end entry, `event_field` its field; see fleet.store.events)
 # Returns the state it ended the request from ('queued' or 'running'), or '' when
 # it had already ended or `owner` no longer holds it.
 FINISH = CLOCK + _EVENT + """
@@ -161,7 +163,7 @@ if ARGV[2] == 'completed' then
   redis.call('HINCRBY', KEYS[3], 'prompt_tokens', tonumber(ARGV[7]))
   redis.call('HINCRBY', KEYS[3], 'completion_tokens', tonumber(ARGV[8]))
 end
-if ARGV[4] ~= '' then emit(KEYS[6], ARGV[4], tonumber(ARGV[5])) end
+if ARGV[4] ~= '' then emit(KEYS[6], ARGV[10], ARGV[4], tonumber(ARGV[5])) end
 if f[1] == 'running' and ARGV[3] == '' then
   -- Someone other than the owner ended it (cancel, deadline): abort it in the engine.
   redis.call('PUBLISH', ARGV[9], ARGV[1])
@@ -170,23 +172,28 @@ return f[1]
 """
 
 # KEYS: inflight (req res)... (one pair per entry)
-# ARGV: prefix ttl_s (rid owner first event)...
-# Tokens are written only while their writer still holds the lease, so a
-# replica whose lease was reaped cannot interleave its text with the next
-# attempt's. Returns the positions of the entries whose lease is gone.
+# ARGV: prefix ttl_s (rid owner first chunk model)...
+# Chunks (fleet.store.events: field `c`, and `m` the engine's model when given) are written
+# only while their writer still holds the lease, so a replica whose lease was reaped cannot
+# interleave its text with the next attempt's. Returns the positions of the entries whose
+# lease is gone.
 EMIT = SHEBANG + """
 local lost = {}
-for i = 3, #ARGV, 4 do
-  local at = (i - 3) / 2 + 2
+for i = 3, #ARGV, 5 do
+  local at = (i - 3) / 5 * 2 + 2
   local req = KEYS[at]
   local f = redis.call('HMGET', req, 'state', 'owner')
   if f[1] == 'running' and f[2] == ARGV[i + 1] then
     if ARGV[i + 2] == '1' then redis.call('HSET', req, 'streamed', '1') end
     local res = KEYS[at + 1]
-    redis.call('XADD', res, '*', 'e', ARGV[i + 3])
+    if ARGV[i + 4] == '' then
+      redis.call('XADD', res, '*', 'c', ARGV[i + 3])
+    else
+      redis.call('XADD', res, '*', 'c', ARGV[i + 3], 'm', ARGV[i + 4])
+    end
     redis.call('EXPIRE', res, tonumber(ARGV[2]))
   else
-    lost[#lost + 1] = (i - 3) / 4
+    lost[#lost + 1] = (i - 3) / 5
   end
 end
 return lost
@@ -213,16 +220,14 @@ for _, rid in ipairs(expired) do
       -- Tokens already reached the caller: a rerun would duplicate them.
       redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
       redis.call('HINCRBY', KEYS[3], 'failed', 1)
-      emit(res, cjson.encode({t='err', status=502, type='worker_lost',
-        msg='the worker serving this stream was lost'}), tonumber(ARGV[3]))
+      emit(res, 'f', """ + lua_literal(WORKER_LOST) + """, tonumber(ARGV[3]))
       lost = lost + 1
     elseif tonumber(f[3]) >= tonumber(ARGV[2]) then
       redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
       redis.call('HINCRBY', KEYS[3], 'failed', 1)
       redis.call('LPUSH', KEYS[5], rid)
       redis.call('LTRIM', KEYS[5], 0, 999)
-      emit(res, cjson.encode({t='err', status=502, type='worker_lost',
-        msg='the request was lost by ' .. f[3] .. ' workers in a row; it was set aside'}), tonumber(ARGV[3]))
+      emit(res, 'f', """ + lua_literal(SET_ASIDE) + """, tonumber(ARGV[3]))
       lost = lost + 1
     else
       redis.call('HSET', req, 'state', 'queued', 'owner', '')

@@ -1,5 +1,13 @@
 """The `openai` engine: forward to an existing OpenAI-compatible server.
 
+The request goes upstream as the agent sent it (tools, `tool_choice`, `response_format`,
+logprobs, sampling fields, messages with their tool calls and content parts, any field
+the upstream takes), but for `model` (the upstream's), `stream` and the output bound
+when the caller gave none. The answer comes back as the upstream sent it: each chunk's
+delta members (tool-call fragments, reasoning, refusal) and logprobs, or the whole
+choice when not streamed; an upstream 400/413/422 is the caller's 400 with the
+upstream's message.
+
 A streamed call is forwarded streaming: `/chat/completions` or `/completions`
 over SSE with `stream_options.include_usage`, so token counts are the
 upstream's own; when the upstream sends no usage, completion tokens are the
@@ -32,7 +40,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,7 +49,9 @@ import aiohttp
 import orjson
 
 from fleet.config import OpenAIUpstream
+from fleet.prompt_size import estimate_prompt_tokens
 from workers.engines.base import Delta, EngineError, EngineRequest
+from workers.engines.chunks import ChunkReader, whole
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +83,6 @@ def _error_message(body: bytes) -> str:
         if isinstance(err, str):
             return err[:500]
     return text[:500]
-
-
-def _estimate_tokens(req: EngineRequest) -> int:
-    if req.kind == "chat":
-        chars = sum(len(str(m.get("content") or "")) for m in req.messages or [])
-    else:
-        chars = len(req.prompt or "")
-    return max(1, math.ceil(chars / 4))
 
 
 class OpenAIEngine:
@@ -184,34 +185,34 @@ class OpenAIEngine:
 
     # -- requests ---------------------------------------------------------
 
+    @property
+    def model_name(self) -> str:
+        """The upstream's name for its model: what the caller sees in the answer's `model`."""
+        return self.model
+
     async def abort(self, request_id: str) -> None:
         task = self._readers.get(request_id)
         if task is not None and not task.done():
             task.cancel()
 
     def _body(self, req: EngineRequest) -> tuple[str, dict[str, Any]]:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": req.max_tokens,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "stream": req.stream,
-        }
+        """The caller's request as it sent it, but for the model (the upstream's), how it is read
+        (streamed with usage, so token counts are the upstream's own) and the output bound (the
+        fleet's, when the caller gave none)."""
+        body = dict(req.body)
+        body["model"] = self.model
+        body["stream"] = req.stream
         if req.stream:
-            body["stream_options"] = {"include_usage": True}
-        if req.stop:
-            body["stop"] = list(req.stop)
-        if req.seed is not None:
-            body["seed"] = req.seed
-        if req.ignore_eos:
-            body["ignore_eos"] = True  # a vLLM extension; only sent when asked for
-        if req.kind == "chat":
-            body["messages"] = req.messages or []
-            return "/chat/completions", body
-        body["prompt"] = req.prompt or ""
-        return "/completions", body
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        else:
+            body.pop("stream_options", None)
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = req.max_tokens
+        return ("/chat/completions" if req.kind == "chat" else "/completions"), body
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+        """The upstream's answer as deltas: each streamed chunk's parts as it sent them, then the
+        final delta; or, not streamed, its one answer whole (`workers.engines.chunks`)."""
         if self._client is None:
             raise EngineError("engine is not started", "engine_error", "not_started")
         if req.request_id in self._readers:
@@ -221,11 +222,7 @@ class OpenAIEngine:
         read = self._read if req.stream else self._read_whole
         reader = asyncio.create_task(read(self._client, path, body, queue), name=f"openai-{req.request_id}")
         self._readers[req.request_id] = reader
-        chat = req.kind == "chat"
-        chunks = 0
-        usage: dict[str, Any] | None = None
-        finish: str | None = None
-        held = ""  # text that arrived with (or after) finish_reason, sent in the final delta
+        chunks = ChunkReader(req.kind == "chat", lambda: estimate_prompt_tokens(req.kind, req.body))
         done = False
         try:
             while True:
@@ -239,23 +236,12 @@ class OpenAIEngine:
                     return
                 if isinstance(item, EngineError):
                     raise item
-                if item.get("usage"):
-                    usage = item["usage"]
-                for choice in item.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                    if text:
-                        chunks += 1
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
-                    if finish is not None:
-                        held += text or ""
-                    elif text:
-                        prompt_tokens, completion_tokens = self._counts(req, usage, chunks)
-                        yield Delta(text, prompt_tokens, completion_tokens)
-            if finish is None:
-                raise EngineError("upstream ended the stream without a finish_reason", "upstream_error", "incomplete")
-            prompt_tokens, completion_tokens = self._counts(req, usage, chunks)
-            yield Delta(held, prompt_tokens, completion_tokens, "length" if finish == "length" else "stop")
+                if isinstance(item, Delta):  # an answer whole
+                    yield item
+                    return
+                for delta in chunks.feed(item):
+                    yield delta
+            yield chunks.end()
         finally:
             if done and not reader.done():
                 # [DONE] came: the reader reads the rest of the body (the chunked end), so the
@@ -272,12 +258,6 @@ class OpenAIEngine:
                     await asyncio.wait({reader})
                 finally:
                     self._readers.pop(req.request_id, None)
-
-    @staticmethod
-    def _counts(req: EngineRequest, usage: dict[str, Any] | None, chunks: int) -> tuple[int, int]:
-        if usage:
-            return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or chunks)
-        return _estimate_tokens(req), chunks
 
     async def _read(
         self, client: aiohttp.ClientSession, path: str, body: dict[str, Any], queue: asyncio.Queue[Any]
@@ -335,16 +315,13 @@ class OpenAIEngine:
                 _raise_for_status(status, content)
             try:
                 data = orjson.loads(content)
-                choice = data["choices"][0]
-                text = choice["message"].get("content") if "message" in choice else choice.get("text")
-                event = {"choices": [{"delta": {"content": text or ""}, "text": text or "",
-                                      "finish_reason": choice.get("finish_reason") or "stop"}],
-                         "usage": data.get("usage")}
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            except ValueError:
                 raise EngineError(f"upstream sent a malformed answer: {content[:200]!r}", "upstream_error",
                                   "bad_response") from None
-            queue.put_nowait(event)
-            queue.put_nowait(_DONE)
+            if not isinstance(data, dict):
+                raise EngineError(f"upstream sent a malformed answer: {content[:200]!r}", "upstream_error",
+                                  "bad_response")
+            queue.put_nowait(whole(data, path == "/chat/completions"))
         except BaseException as e:
             _report(e, queue, url, self.settings.silence_timeout_s)
             if isinstance(e, asyncio.CancelledError):
@@ -352,8 +329,20 @@ class OpenAIEngine:
 
 
 def _raise_for_status(status: int, body: bytes) -> None:
-    type_ = "invalid_request_error" if status in _CLIENT_FAULT else "upstream_error"
-    raise EngineError(f"upstream returned HTTP {status}: {_error_message(body)}", type_, f"http_{status}")
+    """The upstream's refusal, typed: its 400/413/422 is the caller's fault (a 400 with the upstream's
+    own message and param), anything else the upstream's."""
+    message, param = _error_message(body), _error_param(body)
+    if status in _CLIENT_FAULT:
+        raise EngineError(message, "invalid_request_error", f"http_{status}", param)
+    raise EngineError(f"upstream returned HTTP {status}: {message}", "upstream_error", f"http_{status}")
+
+
+def _error_param(body: bytes) -> str | None:
+    try:
+        err = orjson.loads(body).get("error")
+        return str(err["param"]) if isinstance(err, dict) and err.get("param") else None
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def _report(e: BaseException, queue: asyncio.Queue[Any], url: str, silence_s: float) -> None:

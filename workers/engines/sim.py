@@ -1,36 +1,25 @@
 """The `sim` engine: a calibrated GPU latency model that emits real token streams.
 
-Not a fixed sleep: a request pays prefill for its prompt, then all running
-sequences advance one token per decode step, and the step gets slower as the
-batch grows. Requests that would overflow the KV cache wait for space, as
-they would on a GPU. The model lives in `fleet.replica_model`, which the
-simulator runs too.
+What it says is `workers.engines.sim_answers`: text, or a tool call whose arguments fit
+the tool's schema, or JSON of the call's `response_format`, so an agent runs its whole
+tool loop against it. How long it takes is the latency model. Not a fixed
+sleep: a request pays prefill for its prompt, then all running sequences
+advance one token per decode step, and the step gets slower as the batch grows.
+Requests that would overflow the KV cache wait for space, as they would on a GPU.
+The model lives in `fleet.replica_model`, which the simulator runs too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import AsyncIterator
 
 from fleet.config import SimProfile
+from fleet.prompt_size import estimate_prompt_tokens
 from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
 from workers.engines.base import Delta, EngineRequest
-
-_WORDS = ("line", "drain", "floor", "ceiling", "shed", "budget", "lease", "tier", "replica", "token",
-          "queue", "warm", "burst", "open", "chain", "plan", "route", "asset", "thesis", "signal")
-
-
-def count_tokens(text: str) -> int:
-    """A tokenizer-free estimate (about four characters a token), at least one."""
-    return max(1, (len(text) + 3) // 4)
-
-
-def prompt_text(req: EngineRequest) -> str:
-    if req.messages is not None:
-        return "\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in req.messages)
-    return req.prompt or ""
+from workers.engines.sim_answers import answer
 
 
 class SimEngine:
@@ -84,29 +73,26 @@ class SimEngine:
                 self._tokens.pop(key, None)  # type: ignore[call-overload]
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
-        """Wait for KV room, pay the prefill, join the batch, then yield a token per decode step
-        until max_tokens (or an abort); the KV room is freed however it ends."""
-        prompt_tokens = count_tokens(prompt_text(req))
-        need = self.model.kv_need(prompt_tokens, req.max_tokens)
+        """Wait for KV room, pay the prefill, join the batch, then yield a piece of the answer per
+        decode step until it ends (or an abort); the KV room is freed however it ends."""
+        plan = answer(req)  # a typed 400 for what it cannot take, before any time is spent
+        prompt_tokens = estimate_prompt_tokens(req.kind, req.body)
+        steps = len(plan.pieces)
+        need = self.model.kv_need(prompt_tokens, steps)
         async with self._kv_free:
             await self._kv_free.wait_for(lambda: self.model.fits(need))
             self.model.reserve(need)
-        words = itertools.cycle(_WORDS[(hash(req.request_id) % len(_WORDS)):] + _WORDS)
         try:
             await asyncio.sleep(prefill_s(self.profile, prompt_tokens) * self.time_scale)
             ticks: asyncio.Queue[int | None] = asyncio.Queue()
             self._tokens[req.request_id] = ticks
-            self.model.join(req.request_id, req.max_tokens)
+            self.model.join(req.request_id, steps)
             self._wake.set()
-            done = 0
-            while done < req.max_tokens:
-                tick = await ticks.get()
-                if tick is None:
+            for done, piece in enumerate(plan.pieces, 1):
+                if await ticks.get() is None:
                     return
-                done += 1
-                last = done == req.max_tokens
-                yield Delta(text=(" " if done > 1 else "") + next(words), prompt_tokens=prompt_tokens,
-                            completion_tokens=done, finish_reason="length" if last else None)
+                yield Delta(piece.text, prompt_tokens, done, plan.finish_reason if done == steps else None,
+                            fields=piece.fields)
         finally:
             self.model.leave(req.request_id)
             self._tokens.pop(req.request_id, None)

@@ -1,18 +1,24 @@
-"""The `vllm` engine: one in-process vLLM V1 `AsyncLLM` per worker process.
+"""The `vllm` engine: vLLM in the worker process, answering through vLLM's own OpenAI serving layer.
 
-vLLM is imported inside `start()`, so importing this module never needs it
-(the gateway and the sim-only tests run without it).
+So a call is served exactly as `vllm serve` serves it for the same model and flags: the
+same chat template, tool-call parser (`tool_choice` auto, required, named, none), reasoning
+parser, structured outputs (`response_format`, guided decoding) and logprobs, by the same
+code. The tier's `vllm:` settings become `vllm serve` flags (`serve_argv`), parsed by
+vLLM's own argument parser, so its defaults are vLLM's; `serve_args` passes any other flag.
+
+vLLM is imported inside `start()`, so importing this module never needs it (the gateway
+and the sim-only tests run without it).
 
 Notes for whoever runs it:
-- vLLM starts its engine core with the `spawn` start method on CPU (and on
-  GPU once CUDA is initialised), which re-imports the main module: the
-  process's entry point must be guarded by `if __name__ == "__main__":`
-  (console scripts and `python -m pkg` with a guarded `__main__` are fine).
-- `start()` sets offline, loopback-only defaults for the environment variables
-  listed in `ENV_DEFAULTS` when they are unset. A GPU box that should download
-  weights must set HF_HUB_OFFLINE=0 itself.
-- On CPU the KV-cache budget must be given: `kv_cache_memory_bytes` in the
-  tier's vllm settings, or VLLM_CPU_KVCACHE_SPACE (GiB), which wins.
+- vLLM starts its engine core with the `spawn` start method on CPU (and on GPU once CUDA
+  is initialised), which re-imports the main module: the process's entry point must be
+  guarded by `if __name__ == "__main__":` (console scripts and `python -m pkg` with a
+  guarded `__main__` are fine).
+- `start()` sets offline, loopback-only defaults for the environment variables listed in
+  `ENV_DEFAULTS` when they are unset. A GPU box that should download weights must set
+  HF_HUB_OFFLINE=0 itself.
+- On CPU the KV-cache budget must be given: `kv_cache_memory_bytes` in the tier's vllm
+  settings, or VLLM_CPU_KVCACHE_SPACE (GiB), which wins.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from fleet.config import VllmSettings
+from fleet.prompt_size import estimate_prompt_tokens
 from workers.engines.base import Delta, EngineError, EngineRequest
+from workers.engines.chunks import ChunkReader, whole
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -42,6 +52,7 @@ ENV_DEFAULTS = {
 }
 
 _WARMUP_ID = "fleet-warmup"
+_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}  # how vLLM's serving layer names its requests
 
 
 def apply_env_defaults() -> None:
@@ -52,24 +63,48 @@ def apply_env_defaults() -> None:
         del os.environ["VLLM_CPU_KVCACHE_SPACE"]
 
 
+def serve_argv(s: VllmSettings) -> list[str]:
+    """The tier's settings as `vllm serve` flags. Each request's priority is its class: when a slot
+    frees, or KV runs short, vLLM serves committed work first (`--scheduling-policy priority`); it
+    never evicts a running request for a waiting one on its own, the worker preempts through
+    `abort` (docs/preemption.md)."""
+    argv = ["--model", s.model, "--max-num-seqs", str(s.max_num_seqs), "--max-model-len", str(s.max_model_len),
+            "--gpu-memory-utilization", str(s.gpu_memory_utilization),
+            "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype,
+            "--scheduling-policy", "priority", "--disable-log-stats"]
+    for flag, value in (("--tokenizer", s.tokenizer), ("--served-model-name", s.served_model_name),
+                        ("--tool-call-parser", s.tool_call_parser), ("--reasoning-parser", s.reasoning_parser),
+                        ("--chat-template", s.chat_template)):
+        if value:
+            argv += [flag, value]
+    if s.kv_cache_memory_bytes:
+        argv += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    if s.tool_call_parser and s.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    return argv + list(s.serve_args)
+
+
 class VllmEngine:
-    """Engine contract over vLLM's `AsyncLLM`.
+    """Engine contract over vLLM's `AsyncLLM` and its OpenAI serving layer.
 
     Attributes, valid after `start()`:
-        cold_start_s: seconds from `start()` to ready, import, engine build and
-            warm-up included.
+        cold_start_s: seconds from `start()` to ready, import, engine build and warm-up included.
         max_model_len: the context length the engine enforces.
         kv_capacity_tokens: tokens the KV cache holds, when vLLM reports it.
+        model_name: the name answers carry (`served_model_name`, else the model).
 
     Semantics beyond the protocol:
-        - `max_tokens` is clamped to the room left in the context; a prompt
-          that fills the context is an `invalid_request_error`
-          (code `context_length_exceeded`).
-        - After `abort(request_id)` (or when the consumer closes the
-          iterator), `generate` ends without a final delta: no finish_reason.
-        - Errors are `EngineError`s: `invalid_request_error` for bad input,
-          `engine_error` otherwise (code `engine_dead` when vLLM's engine core
-          died; the worker should then stop and restart).
+        - A request is vLLM's chat or completion request as the caller sent it, with the
+          fleet's request id, its class as vLLM priority, and the tier's output bound
+          when the caller gave none. What vLLM refuses is an `invalid_request_error`
+          with vLLM's own message (a prompt too long for the context, a part a text
+          model cannot take, a bad schema).
+        - After `abort(request_id)` (or when the consumer closes the iterator), `generate`
+          ends without a final delta: no finish_reason.
+        - `engine_error` otherwise (code `engine_dead` when vLLM's engine core died; the
+          worker then stops and is replaced).
     """
 
     def __init__(self, settings: VllmSettings) -> None:
@@ -77,62 +112,33 @@ class VllmEngine:
         self.cold_start_s: float = 0.0
         self.max_model_len: int = settings.max_model_len
         self.kv_capacity_tokens: int | None = None
+        self.model_name: str = settings.served_model_name or settings.model
         self._engine: AsyncLLM | None = None
+        self._serving: dict[str, Any] = {}  # "chat" and "completion": vLLM's serving objects
         self._vllm: dict[str, Any] = {}
-        self._inflight: set[str] = set()
+        self._inflight: dict[str, str] = {}  # our request id -> vLLM's
         self._aborted: set[str] = set()
+        self._multimodal = False
 
     # -- lifecycle --------------------------------------------------------
 
     async def start(self) -> None:
         if self._engine is not None:
             return
-        s = self.settings
-        if not s.model:
+        if not self.settings.model:
             raise EngineError("vllm.model is not set for this tier", "engine_config_error", "missing_model")
         t0 = time.monotonic()
         apply_env_defaults()
-        try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.exceptions import VLLMValidationError
-            from vllm.renderers.inputs.preprocess import parse_model_prompt
-            from vllm.renderers.params import ChatParams, TokenizeParams
-            from vllm.sampling_params import RequestOutputKind, SamplingParams
-            from vllm.v1.engine.async_llm import AsyncLLM
-            from vllm.v1.engine.exceptions import EngineDeadError
-        except ImportError as e:
-            raise EngineError(f"vLLM is not installed: {e}", "engine_start_failed", "vllm_missing") from e
-        self._vllm = {
-            "VLLMValidationError": VLLMValidationError,
-            "EngineDeadError": EngineDeadError,
-            "parse_model_prompt": parse_model_prompt,
-            "ChatParams": ChatParams,
-            "TokenizeParams": TokenizeParams,
-            "RequestOutputKind": RequestOutputKind,
-            "SamplingParams": SamplingParams,
-        }
-        args = AsyncEngineArgs(
-            model=s.model,
-            tokenizer=s.tokenizer or None,
-            max_num_seqs=s.max_num_seqs,
-            max_model_len=s.max_model_len,
-            kv_cache_memory_bytes=s.kv_cache_memory_bytes,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            tensor_parallel_size=s.tensor_parallel_size,
-            dtype=s.dtype,
-            enforce_eager=s.enforce_eager,
-            disable_log_stats=True,
-            enable_log_requests=False,
-            # Each request's priority is its class (EngineRequest.priority): when a slot frees, or
-            # KV runs short, vLLM serves committed work first. It never evicts a running request
-            # for a waiting one on its own; the worker preempts through `abort` (docs/preemption.md).
-            scheduling_policy="priority",
-        )
-        # Building blocks for 12-25 s (weights, engine-core process, KV cache):
-        # do it on a thread so the worker's loop keeps its heartbeats going.
-        # AsyncLLM starts its output tasks lazily when built outside the loop.
+        args = self._serve_args()
+        from starlette.datastructures import State
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # Building blocks for 12-25 s (weights, engine-core process, KV cache): on a thread,
+        # so the worker's loop keeps its heartbeats going.
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, AsyncLLM.from_engine_args, args)
+        fut = loop.run_in_executor(None, AsyncLLM.from_engine_args, AsyncEngineArgs.from_cli_args(args))
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -140,34 +146,64 @@ class VllmEngine:
             raise
         except Exception as e:
             raise EngineError(f"vLLM engine failed to start: {e}", "engine_start_failed") from e
-        # Hold the engine on self only: a stray reference (this frame can
-        # outlive the call) would run AsyncLLM.__del__ at interpreter exit.
+        # Hold the engine on self only: a stray reference (this frame can outlive the call)
+        # would run AsyncLLM.__del__ at interpreter exit.
         self._engine = fut.result()
         del fut
-        self.max_model_len = self._engine.model_config.max_model_len
-        cache = self._engine.vllm_config.cache_config
-        if cache.num_gpu_blocks:
-            self.kv_capacity_tokens = cache.num_gpu_blocks * cache.block_size
         try:
+            state = State()
+            await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
+            self._serving = {"chat": state.openai_serving_chat, "completion": state.openai_serving_completion}
+            self._read_limits(self._engine)
             await self._warmup()
         except BaseException:
             await self.stop()
             raise
         self.cold_start_s = time.monotonic() - t0
-        log.info("vllm engine ready: model=%s cold_start=%.1fs", s.model, self.cold_start_s)
+        log.info("vllm engine ready: model=%s cold_start=%.1fs", self.model_name, self.cold_start_s)
+
+    def _serve_args(self) -> Any:
+        """The tier's flags through vLLM's own `vllm serve` parser: vLLM's defaults, vLLM's checks."""
+        try:
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+            from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+            from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+            from vllm.exceptions import VLLMValidationError
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+            from vllm.v1.engine.exceptions import EngineDeadError
+        except ImportError as e:
+            raise EngineError(f"vLLM is not installed: {e}", "engine_start_failed", "vllm_missing") from e
+        self._vllm = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "ErrorResponse": ErrorResponse,
+                      "EngineDeadError": EngineDeadError,
+                      "refused": (VLLMValidationError, ValueError, TypeError, KeyError)}
+        argv = serve_argv(self.settings)
+        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+        def refuse(message: str) -> None:  # argparse would print and exit: say which flag instead
+            raise ValueError(message)
+
+        parser.error = refuse  # type: ignore[method-assign]
+        try:
+            args = parser.parse_args(argv)
+            validate_parsed_serve_args(args)
+        except Exception as e:
+            raise EngineError(f"the tier's vllm settings are not valid `vllm serve` flags ({' '.join(argv)}): {e}",
+                              "engine_config_error", "bad_settings") from None
+        return args
+
+    def _read_limits(self, engine: AsyncLLM) -> None:
+        self.max_model_len = engine.model_config.max_model_len
+        self._multimodal = bool(getattr(engine.model_config, "is_multimodal_model", False))
+        cache = engine.vllm_config.cache_config
+        if cache.num_gpu_blocks:
+            self.kv_capacity_tokens = cache.num_gpu_blocks * cache.block_size
 
     async def _warmup(self) -> None:
         n = self.settings.warmup_tokens
         if n <= 0:
             return
-        req = EngineRequest(
-            request_id=_WARMUP_ID,
-            kind="completion",
-            prompt="Warm up.",
-            max_tokens=n,
-            temperature=0.0,
-            ignore_eos=True,
-        )
+        req = EngineRequest.build(_WARMUP_ID, "completion", "Warm up.", max_tokens=n, temperature=0.0, ignore_eos=True)
         async for _ in self.generate(req):
             pass
 
@@ -177,7 +213,7 @@ class VllmEngine:
             return
         if self._inflight:
             try:
-                await engine.abort(list(self._inflight))
+                await engine.abort(list(self._inflight.values()))
             except Exception:  # the engine may already be dead
                 log.debug("abort on stop failed", exc_info=True)
         engine.shutdown()
@@ -185,99 +221,113 @@ class VllmEngine:
     # -- requests ---------------------------------------------------------
 
     async def abort(self, request_id: str) -> None:
-        if request_id not in self._inflight:
+        inner = self._inflight.get(request_id)
+        if inner is None:
             return
-        # Also covers a request still being rendered, not yet in vLLM.
-        self._aborted.add(request_id)
+        self._aborted.add(request_id)  # also covers a request still being rendered, not yet in vLLM
         if self._engine is not None:
-            await self._engine.abort(request_id)
+            await self._engine.abort(inner)
+
+    def _request(self, req: EngineRequest) -> Any:
+        """The caller's body as vLLM's request model, with the fleet's id, priority and bound."""
+        body = {**req.body, "model": self.model_name, "stream": req.stream, "request_id": req.request_id,
+                "priority": req.priority}
+        if req.stream:  # usage on every chunk: each delta's token counts are exact, not an estimate
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True,
+                                      "continuous_usage_stats": True}
+        else:
+            body.pop("stream_options", None)
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = req.max_tokens
+        if req.kind == "chat" and not self._multimodal:
+            _text_only(body.get("messages") or [])
+        try:
+            return self._vllm[req.kind].model_validate(body)
+        except ValueError as e:  # pydantic's ValidationError: name the field
+            raise EngineError(f"vLLM refused the request: {e}", "invalid_request_error", "invalid_value") from None
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
-        engine = self._engine
-        if engine is None:
+        """vLLM's answer through its serving layer: streamed, each SSE chunk as deltas
+        (`workers.engines.chunks`); not streamed, its response whole."""
+        if self._engine is None:
             raise EngineError("engine is not started", "engine_error", "not_started")
         if req.request_id in self._inflight:
             raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
-        v = self._vllm
-        self._inflight.add(req.request_id)
-        stream = None
+        request = self._request(req)
+        self._inflight[req.request_id] = _PREFIX[req.kind] + req.request_id + ("-0" if req.kind == "completion" else "")
         try:
-            try:
-                engine_input = await self._render(engine, req)
-                prompt_tokens = len(engine_input["prompt_token_ids"])
-                room = self.max_model_len - prompt_tokens
-                if room <= 0:
-                    raise EngineError(
-                        f"the prompt has {prompt_tokens} tokens; this model's context is {self.max_model_len}",
-                        "invalid_request_error",
-                        "context_length_exceeded",
-                    )
-                params = v["SamplingParams"](
-                    n=1,
-                    max_tokens=max(1, min(req.max_tokens, room)),
-                    temperature=req.temperature,
-                    top_p=req.top_p,
-                    stop=list(req.stop) or None,
-                    seed=req.seed,
-                    ignore_eos=req.ignore_eos,
-                    output_kind=v["RequestOutputKind"].DELTA,
-                )
-            except EngineError:
-                raise
-            except (v["VLLMValidationError"], ValueError, TypeError, KeyError) as e:
-                raise EngineError(str(e), "invalid_request_error") from e
-            if req.request_id in self._aborted:
+            answer = await self._create(req, request)
+            if isinstance(answer, self._vllm["ErrorResponse"]):
+                err = answer.error
+                type_ = "invalid_request_error" if 400 <= err.code < 500 else "engine_error"
+                raise EngineError(err.message, type_, f"http_{err.code}", err.param)
+            if not req.stream:
+                yield whole(answer.model_dump(), req.kind == "chat")
                 return
-            stream = engine.generate(engine_input, params, req.request_id, priority=req.priority)
-            completion_tokens = 0
-            async for out in stream:
-                o = out.outputs[0]
-                completion_tokens += len(o.token_ids)
-                if out.prompt_token_ids is not None:
-                    prompt_tokens = len(out.prompt_token_ids)
-                reason = o.finish_reason
-                if reason == "abort" or req.request_id in self._aborted:
+            chunks = ChunkReader(req.kind == "chat", lambda: estimate_prompt_tokens(req.kind, req.body))
+            async for sse in _closing(answer):
+                if req.request_id in self._aborted:
                     return
-                if out.finished:
-                    yield Delta(o.text, prompt_tokens, completion_tokens, "length" if reason == "length" else "stop")
-                    return
-                # Byte-level tokenizers hold back partial UTF-8: skip empty
-                # deltas, the counts catch up on the next one.
-                if o.text:
-                    yield Delta(o.text, prompt_tokens, completion_tokens)
-        except EngineError:
-            raise
-        except v["EngineDeadError"] as e:
-            raise EngineError(f"vLLM engine died: {e}", "engine_error", "engine_dead") from e
-        except v["VLLMValidationError"] as e:
-            raise EngineError(str(e), "invalid_request_error") from e
-        except Exception as e:
-            if engine.errored:
-                raise EngineError(f"vLLM engine died: {e!r}", "engine_error", "engine_dead") from e
-            raise EngineError(f"vLLM generation failed: {e!r}", "engine_error") from e
+                for chunk in _events(sse):
+                    for delta in chunks.feed(chunk):
+                        yield delta
+            if req.request_id not in self._aborted:
+                yield chunks.end()
         finally:
-            if stream is not None:
-                # Closing vLLM's generator early aborts the request inside vLLM.
-                await stream.aclose()
-            self._inflight.discard(req.request_id)
+            self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
 
-    async def _render(self, engine: AsyncLLM, req: EngineRequest) -> dict[str, Any]:
-        v = self._vllm
-        # The length check happens here; max_tokens is clamped by the caller.
-        if req.kind == "chat":
-            if not req.messages:
-                raise EngineError("a chat request needs messages", "invalid_request_error")
-            tok_params = v["TokenizeParams"](max_total_tokens=self.max_model_len, add_special_tokens=False)
-            chat_params = v["ChatParams"](chat_template_kwargs={"add_generation_prompt": True})
-            _, (engine_input,) = await engine.renderer.render_chat_async([req.messages], chat_params, tok_params)
-        else:
-            tok_params = v["TokenizeParams"](max_total_tokens=self.max_model_len, add_special_tokens=True)
-            parsed = v["parse_model_prompt"](engine.model_config, req.prompt or "")
-            (engine_input,) = await engine.renderer.render_cmpl_async([parsed], tok_params)
-        if not engine_input.get("prompt_token_ids"):
-            raise EngineError("the prompt is empty", "invalid_request_error")
-        return engine_input
+    async def _create(self, req: EngineRequest, request: Any) -> Any:
+        """Hand the request to vLLM's serving layer; its exceptions typed."""
+        serving = self._serving[req.kind]
+        create = serving.create_chat_completion if req.kind == "chat" else serving.create_completion
+        try:
+            return await create(request, None)
+        except self._vllm["EngineDeadError"] as e:
+            raise EngineError(f"vLLM engine died: {e}", "engine_error", "engine_dead") from e
+        except self._vllm["refused"] as e:  # what vllm serve answers 400 for
+            raise EngineError(str(e), "invalid_request_error", "invalid_value", getattr(e, "parameter", None)) from e
+        except Exception as e:
+            if self._engine is not None and self._engine.errored:
+                raise EngineError(f"vLLM engine died: {e!r}", "engine_error", "engine_dead") from e
+            raise EngineError(f"vLLM generation failed: {e!r}", "engine_error") from e
+
+
+def _text_only(messages: list[Any]) -> None:
+    """A text-only model cannot take an image, audio or file part: a typed 400 naming it."""
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("text", "input_text", "refusal"):
+                raise EngineError(f"this model takes text only; messages[{i}].content[{j}] is a {kind!r} part",
+                                  "invalid_request_error", "unsupported_content", f"messages[{i}].content[{j}]")
+
+
+def _events(sse: str) -> list[dict[str, Any]]:
+    """The chunks of one piece of vLLM's SSE stream (`data: {...}\\n\\n`, possibly several)."""
+    out = []
+    for line in sse.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            continue
+        event = orjson.loads(data)
+        if isinstance(event, dict) and "error" in event:
+            err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
+            raise EngineError(str(err.get("message")), "engine_error", "stream_error")
+        out.append(event)
+    return out
+
+
+async def _closing(stream: Any) -> AsyncIterator[str]:
+    """vLLM's SSE generator, closed however the reading ends: closing it aborts the request in vLLM."""
+    try:
+        async for sse in stream:
+            yield sse
+    finally:
+        await stream.aclose()
 
 
 def _shutdown_when_built(fut: asyncio.Future[Any]) -> None:

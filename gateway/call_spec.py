@@ -1,0 +1,58 @@
+"""A completion request read into what the fleet needs of it: a pure function, no Redis.
+
+`parse_call` validates the body strictly where the fleet reads it (`gateway.schemas`),
+resolves its tier, bounds its output, estimates its prompt (tools and response format
+included: `fleet.prompt_size`) and builds the payload the line carries to the engine: the
+body as the bytes that arrived (`fleet.store.payloads`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.config import FleetConfig
+from fleet.policy import default_max_tokens
+from fleet.prompt_size import estimate_prompt_tokens
+from fleet.store.payloads import CallPayload, Kind
+from gateway.errors import APIError
+from gateway.request import validate
+from gateway.schemas import ChatBody, CompletionBody
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One call as the fleet reads it."""
+
+    kind: Kind
+    body: ChatBody | CompletionBody
+    raw: bytes  # the body as it arrived
+    tier: str
+    max_tokens: int  # the output bound: the caller's, else the tier's default
+    explicit_max_tokens: int | None  # what the caller asked for, if it did
+    prompt_tokens: int  # estimated
+
+    @property
+    def stream(self) -> bool:
+        return self.body.stream
+
+    def payload(self, key: str) -> bytes:
+        """What the line carries to the engine (`key`: the caller's key name, for the ledger)."""
+        return CallPayload.encode(self.kind, self.raw, max_tokens=self.max_tokens, key=key, stream=self.stream)
+
+
+def parse_call(kind: Kind, raw: bytes, data: Any, cfg: FleetConfig) -> CallSpec:
+    """`data` (the parsed `raw`) as a call, or a typed 404 (no such model) / 422 (a field out of bounds)."""
+    body: ChatBody | CompletionBody = validate(ChatBody if kind == "chat" else CompletionBody, data)
+    tier = cfg.resolve_model(body.model)
+    if tier is None:
+        raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists the tiers",
+                       param="model", code="model_not_found")
+    tc = cfg.tiers[tier]
+    explicit = body.max_completion_tokens or body.max_tokens
+    max_tokens = body.wanted_tokens(default_max_tokens(tc))
+    if max_tokens > tc.max_tokens_limit:
+        raise APIError(422, f"max_tokens {max_tokens} exceeds this tier's limit of {tc.max_tokens_limit}",
+                       param="max_tokens", code="invalid_value")
+    return CallSpec(kind=kind, body=body, raw=raw, tier=tier, max_tokens=max_tokens, explicit_max_tokens=explicit,
+                    prompt_tokens=estimate_prompt_tokens(kind, data))
