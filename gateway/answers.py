@@ -122,9 +122,11 @@ class _Chunks:
         """The last chunk (its finish reason) and, when the caller asked, the usage chunk."""
         self.model(ev.model)
         member = {"delta": {}} if self.chat else {"text": ""}
-        out = self._event({"choices": [{"index": 0, **member, "logprobs": None, "finish_reason": ev.finish_reason}]})
+        extra = ev.extra or {}
+        out = self._event({"choices": [{"index": 0, **member, "logprobs": None, "finish_reason": ev.finish_reason}],
+                           **extra})
         if include_usage:
-            out += self._event({"choices": [], "usage": _usage(ev)})
+            out += self._event({"choices": [], "usage": _usage(ev), **extra})
         return out
 
 

@@ -35,6 +35,7 @@ class Progress:
     finish_reason: str = "stop"
     usage: dict[str, Any] | None = None
     choice: dict[str, Any] | None = None  # the engine's whole answer, when it gave one
+    extra: dict[str, Any] | None = None  # the answer's other top-level members, as the engine gave them
     text: list[str] = field(default_factory=list)  # not streamed: the deltas gathered
     delta: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[str, Any] | None = None
@@ -52,6 +53,8 @@ class Progress:
             self.usage = d.usage
         if d.choice is not None:
             self.choice = d.choice
+        if d.extra:
+            self.extra = d.extra
 
     def gather(self, d: Delta) -> None:
         if d.text:
@@ -82,7 +85,7 @@ class Progress:
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, **(self.usage or {})}
         return Done(attempt=c.attempt, finish_reason=self.finish_reason, usage=usage, ttft_s=round(self.ttft_s, 6),
                     tpot_s=round(self.tpot_s, 6), wait_s=c.waited_ms / 1000, replica=replica,
-                    choice=None if req.stream else self.answer(req.kind), model=model)
+                    choice=None if req.stream else self.answer(req.kind), model=model, extra=self.extra)
 
 
 async def run_engine(engine: Engine, streams: StreamWriter, c: Claimed, req: EngineRequest, attempt: Attempt,

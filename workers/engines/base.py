@@ -94,6 +94,7 @@ class Delta:
     logprobs: Any = None
     choice: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None  # on the last delta: the answer's other top-level members (system_fingerprint)
 
 
 class Engine(Protocol):

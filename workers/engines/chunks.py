@@ -17,6 +17,12 @@ from fleet.chat_shapes import merge_delta, merge_logprobs
 from workers.engines.base import Delta, EngineError
 
 _NOT_FIELDS = ("content", "role")
+EXTRA = ("system_fingerprint", "service_tier")  # an answer's top-level members that reach the caller as they came
+
+
+def extra_of(answer: dict[str, Any]) -> dict[str, Any] | None:
+    extra = {k: answer[k] for k in EXTRA if answer.get(k) is not None}
+    return extra or None
 
 
 class ChunkReader:
@@ -28,6 +34,7 @@ class ChunkReader:
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
         self.chunks = 0  # chunks that held something: the count of tokens when no usage comes
+        self.extra: dict[str, Any] | None = None
         self._held = Delta()  # what came with or after the finish reason
 
     def counts(self) -> tuple[int, int]:
@@ -39,6 +46,8 @@ class ChunkReader:
         """The deltas of one chunk, up to the finish reason (later ones are held for `end`)."""
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+        if self.extra is None:
+            self.extra = extra_of(chunk)
         for choice in chunk.get("choices") or ():
             text, fields, logprobs = self._parts(choice)
             if text or fields or logprobs:
@@ -72,7 +81,7 @@ class ChunkReader:
         prompt_tokens, completion_tokens = self.counts()
         held = self._held
         return Delta(held.text, prompt_tokens, completion_tokens, self.finish, fields=held.fields,
-                     logprobs=held.logprobs, usage=self.usage)
+                     logprobs=held.logprobs, usage=self.usage, extra=self.extra)
 
 
 def whole(answer: dict[str, Any], chat: bool) -> Delta:
@@ -88,4 +97,4 @@ def whole(answer: dict[str, Any], chat: bool) -> Delta:
         raise EngineError(f"the engine sent a malformed answer (no {e})", "upstream_error", "bad_response") from None
     counts = usage or {}
     return Delta("", int(counts.get("prompt_tokens") or 0), int(counts.get("completion_tokens") or 0), finish,
-                 choice=choice, usage=usage)
+                 choice=choice, usage=usage, extra=extra_of(answer))

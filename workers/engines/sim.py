@@ -19,7 +19,7 @@ from fleet.config import SimProfile
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
 from workers.engines.base import Delta, EngineRequest
-from workers.engines.sim_answers import answer
+from workers.engines.sim_answers import answer, logprobs_of
 
 
 class SimEngine:
@@ -88,11 +88,13 @@ class SimEngine:
             self._tokens[req.request_id] = ticks
             self.model.join(req.request_id, steps)
             self._wake.set()
+            offset = 0
             for done, piece in enumerate(plan.pieces, 1):
                 if await ticks.get() is None:
                     return
                 yield Delta(piece.text, prompt_tokens, done, plan.finish_reason if done == steps else None,
-                            fields=piece.fields)
+                            fields=piece.fields, logprobs=logprobs_of(piece, req.body, req.kind == "chat", offset))
+                offset += len(piece.text)
         finally:
             self.model.leave(req.request_id)
             self._tokens.pop(req.request_id, None)

@@ -57,6 +57,21 @@ def answer(req: EngineRequest) -> Answer:
     return _words(req)
 
 
+def logprobs_of(piece: Piece, body: dict[str, Any], chat: bool, offset: int) -> dict[str, Any] | None:
+    """The piece's logprobs when the call asks for them: the sim is sure of every token (0.0), and its
+    `top_logprobs` alternatives are the token itself."""
+    want = body.get("logprobs")
+    if not want:
+        return None
+    token = piece.text or orjson.dumps(piece.fields).decode()
+    if chat:
+        entry = {"token": token, "logprob": 0.0, "bytes": list(token.encode())}
+        top = [entry] * int(body.get("top_logprobs") or 0)
+        return {"content": [{**entry, "top_logprobs": top}], "refusal": None}
+    return {"tokens": [token], "token_logprobs": [0.0], "top_logprobs": [{token: 0.0}] * (want is not True),
+            "text_offset": [offset]}
+
+
 def _words(req: EngineRequest) -> Answer:
     """Plain text: `max_tokens` words, as a model that never stops would write (finish `length`)."""
     start = int(hashlib.blake2s(req.request_id.encode(), digest_size=2).hexdigest(), 16) % len(WORDS)

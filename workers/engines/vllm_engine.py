@@ -254,7 +254,10 @@ class VllmEngine:
         if req.request_id in self._inflight:
             raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
         request = self._request(req)
-        self._inflight[req.request_id] = _PREFIX[req.kind] + req.request_id + ("-0" if req.kind == "completion" else "")
+        inner = _PREFIX[req.kind] + req.request_id + ("-0" if req.kind == "completion" else "")
+        self._inflight[req.request_id] = inner
+        answer: Any = None
+        finished = False
         try:
             answer = await self._create(req, request)
             if isinstance(answer, self._vllm["ErrorResponse"]):
@@ -262,18 +265,26 @@ class VllmEngine:
                 type_ = "invalid_request_error" if 400 <= err.code < 500 else "engine_error"
                 raise EngineError(err.message, type_, f"http_{err.code}", err.param)
             if not req.stream:
+                finished = True
                 yield whole(answer.model_dump(), req.kind == "chat")
                 return
             chunks = ChunkReader(req.kind == "chat", lambda: estimate_prompt_tokens(req.kind, req.body))
-            async for sse in _closing(answer):
+            async for sse in answer:
                 if req.request_id in self._aborted:
                     return
                 for chunk in _events(sse):
                     for delta in chunks.feed(chunk):
                         yield delta
+            finished = True
             if req.request_id not in self._aborted:
                 yield chunks.end()
         finally:
+            # Closed early (the caller left, the deadline passed, a preemption): vLLM's stream is
+            # suspended at a yield, so closing it does not reach the engine; abort there at once.
+            if not finished and self._engine is not None:
+                await self._engine.abort(inner)
+            if answer is not None and hasattr(answer, "aclose"):
+                await answer.aclose()
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
 
@@ -319,15 +330,6 @@ def _events(sse: str) -> list[dict[str, Any]]:
             raise EngineError(str(err.get("message")), "engine_error", "stream_error")
         out.append(event)
     return out
-
-
-async def _closing(stream: Any) -> AsyncIterator[str]:
-    """vLLM's SSE generator, closed however the reading ends: closing it aborts the request in vLLM."""
-    try:
-        async for sse in stream:
-            yield sse
-    finally:
-        await stream.aclose()
 
 
 def _shutdown_when_built(fut: asyncio.Future[Any]) -> None:
