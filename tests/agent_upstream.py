@@ -25,16 +25,19 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
 import uvicorn
+import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from fleet.redis_server import free_port
+from tests.harness import TEST_CONFIG, Fleet
 
 MODEL = "scripted-model-2026"
 FINGERPRINT = "fp_scripted"
@@ -177,6 +180,29 @@ async def _stream(rid: str, message: dict[str, Any], finish: str, logprobs: dict
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def agent_config(out: Path, upstream: Upstream) -> Path:
+    """The test fleet with `analysis` on the `openai` engine in front of `upstream`; `routing` stays `sim`."""
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["tiers"]["analysis"].update(engine="openai", openai={"base_url": upstream.base_url})
+    path = out / "fleet.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@contextmanager
+def agent_fleet(redis_url: str, out: Path) -> Iterator[tuple[Fleet, Upstream]]:
+    """A gateway and one replica of each tier (`routing` sim, `analysis` openai), and the upstream."""
+    with running() as up:
+        f = Fleet(redis_url, config_path=agent_config(out, up))
+        try:
+            f.start_gateway()
+            f.start_worker("routing")
+            f.start_worker("analysis")
+            yield f, up
+        finally:
+            f.stop()
 
 
 @contextmanager

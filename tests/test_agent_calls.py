@@ -11,7 +11,6 @@ streamed and not, and an upstream's 400 as the caller's.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,11 +18,10 @@ import jsonschema
 import openai
 import orjson
 import pytest
-import yaml
 
 from fleet.chat_shapes import merge_delta, merge_logprobs, message_of
-from tests.agent_upstream import FINGERPRINT, MODEL, Upstream, answer, running
-from tests.harness import TEST_CONFIG, Fleet
+from tests.agent_upstream import FINGERPRINT, MODEL, Upstream, agent_fleet, answer
+from tests.harness import Fleet
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.", "strict": True,
@@ -40,25 +38,10 @@ PLAN_SCHEMA = {"type": "object", "properties": {"steps": {"type": "array", "item
 PLAN = {"type": "json_schema", "json_schema": {"name": "plan", "strict": True, "schema": PLAN_SCHEMA}}
 
 
-def agent_config(out: Path, upstream: Upstream) -> Path:
-    cfg = yaml.safe_load(TEST_CONFIG.read_text())
-    cfg["tiers"]["analysis"].update(engine="openai", openai={"base_url": upstream.base_url})
-    path = out / "fleet.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 @pytest.fixture(scope="module")
 def agents(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, Upstream]]:
-    with running() as up:
-        f = Fleet(redis_url, config_path=agent_config(tmp_path_factory.mktemp("agents"), up))
-        try:
-            f.start_gateway()
-            f.start_worker("routing")
-            f.start_worker("analysis")
-            yield f, up
-        finally:
-            f.stop()
+    with agent_fleet(redis_url, tmp_path_factory.mktemp("agents")) as fleet_and_upstream:
+        yield fleet_and_upstream
 
 
 def client(f: Fleet) -> openai.OpenAI:

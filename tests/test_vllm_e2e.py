@@ -21,11 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.chat_shapes import merge_delta, message_of
 from fleet.redis_server import free_port
 from tests.harness import Fleet, wait_until
 from tests.tinymodel import build_tiny_model
@@ -42,6 +44,28 @@ MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
             {"role": "user", "content": "Count from one to five, please."}]
 PROMPT = "The quick brown fox jumps over the lazy dog"
 NOISE = {"ignore_eos": True}  # vLLM's extension, passed through by the gateway: exact lengths
+# The tool and structured-output flags both vLLMs get (as tests/fleet-vllm.yaml gives the worker's).
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+              "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Rome"]},
+                                                     "unit": {"type": "string", "enum": ["c", "f"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+VERDICT = {"type": "json_schema", "json_schema": {"name": "verdict", "strict": True, "schema": {
+    "type": "object", "properties": {"ok": {"type": "boolean"}, "grade": {"type": "string", "enum": ["a", "b", "c"]}},
+    "required": ["ok", "grade"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+GREEDY = {"temperature": 0, "seed": 7, "max_tokens": 64}
+# The same requests go through the fleet (vLLM in the worker) and to `vllm serve`: tool_choice
+# required and named, which vLLM fulfils with schema-valid JSON by guided decoding, and json_schema.
+AGENT_CALLS = {
+    "required": {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False},
+    "named": {"messages": ASK, "tools": [WEATHER],
+              "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+    "json_schema": {"messages": ASK, "response_format": VERDICT},
+}
+FLEET_ANSWERS: dict[tuple[str, bool], dict] = {}  # what the fleet answered, for the `vllm serve` test to compare
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -124,7 +148,8 @@ def vllm_serve(gw: Fleet, tiny_model: Path, vllm_env: dict[str, str],
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(tiny_model), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(KV_BYTES),
-           "--dtype", "bfloat16", "--enforce-eager", "--disable-log-stats", "--disable-uvicorn-access-log"]
+           "--dtype", "bfloat16", "--enforce-eager", "--disable-log-stats", "--disable-uvicorn-access-log",
+           *TOOL_FLAGS]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=gw.env)
 
@@ -212,6 +237,35 @@ def check_exchange(f: Fleet, tier: str, prompt_tokens: dict[str, int]) -> None:
     assert streamed[-1].usage.completion_tokens == 16
 
 
+def agent_answer(base_url: str, body: dict, stream: bool) -> dict:
+    """A call's answer as comparable fields: the message (tool-call ids aside: vLLM makes them at
+    random), the finish reason and the token counts; streamed, the chunks merged by index."""
+    full = {"model": "tiny", **GREEDY, **body}
+    if not stream:
+        r = httpx.post(f"{base_url}/chat/completions", json=full, timeout=120)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        choice, usage = out["choices"][0], out["usage"]
+        message, finish = choice["message"], choice["finish_reason"]
+    else:
+        merged: dict = {}
+        finish, usage = None, {}
+        with httpx.stream("POST", f"{base_url}/chat/completions", timeout=120,
+                          json={**full, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ch = orjson.loads(line[6:])
+                    usage = ch.get("usage") or usage
+                    for c in ch["choices"]:
+                        merge_delta(merged, c["delta"])
+                        finish = c["finish_reason"] or finish
+        message = message_of(merged)
+    calls = [{**c, "id": None} for c in message.get("tool_calls") or []]
+    return {"content": message.get("content") or None, "tool_calls": calls, "finish_reason": finish,
+            "usage": (usage["prompt_tokens"], usage["completion_tokens"])}
+
+
 def leave_mid_stream(f: Fleet, tier: str) -> None:
     """A client that reads a few chunks of a long answer and hangs up."""
     with httpx.stream("POST", f"{f.base_url}/v1/chat/completions", timeout=60,
@@ -249,6 +303,21 @@ def test_vllm_worker_answers_with_engine_token_counts(gw: Fleet, vllm_replica: s
     assert b["cold_start_s"] > 1  # measured (engine build + warm-up), not configured
     check_exchange(gw, "routing", prompt_tokens)
     assert gw.counters("routing").get("completed", 0) >= 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_worker_answers_tools_and_json_schema_by_guided_decoding(gw: Fleet, vllm_replica: str,
+                                                                      stream: bool) -> None:
+    """tool_choice required and named, and json_schema, through the fleet: schema-valid JSON."""
+    schema = WEATHER["function"]["parameters"]
+    for name, body in AGENT_CALLS.items():
+        got = FLEET_ANSWERS[(name, stream)] = agent_answer(f"{gw.base_url}/v1", {**body, "model": "routing"}, stream)
+        if name == "json_schema":
+            jsonschema.validate(orjson.loads(got["content"]), VERDICT["json_schema"]["schema"])
+        else:
+            [call] = got["tool_calls"]
+            assert call["function"]["name"] == "get_weather"
+            jsonschema.validate(orjson.loads(call["function"]["arguments"]), schema)
 
 
 def test_vllm_ttft_and_tpot_recorded(gw: Fleet, vllm_replica: str) -> None:
@@ -296,6 +365,14 @@ def test_openai_worker_in_front_of_vllm_serve(gw: Fleet, upstream_replica: str,
     after = histogram_counts(gw, "analysis")
     assert after["fleet_ttft_seconds"] == before["fleet_ttft_seconds"] + 4
     assert after["fleet_tpot_seconds"] == before["fleet_tpot_seconds"] + 4
+
+
+def test_vllm_serve_answers_exactly_as_the_fleet_did(vllm_serve: str) -> None:
+    """The same requests to `vllm serve`, with the same model and flags: the same answers, field for field."""
+    if not FLEET_ANSWERS:
+        pytest.skip("the fleet's answers were not collected (test deselected)")
+    for (name, stream), fleet_said in FLEET_ANSWERS.items():
+        assert agent_answer(vllm_serve, AGENT_CALLS[name], stream) == fleet_said, (name, stream)
 
 
 def test_openai_worker_client_leaving_aborts_upstream(gw: Fleet, upstream_replica: str) -> None:

@@ -290,6 +290,9 @@ class Worker:
         cancelled), except a preempted attempt's: it runs again, and only the attempt that ends
         it counts. The version's outcome goes in the charge's round trip."""
         self.streams.discard(c.lease)
+        made = getattr(self.engine, "made", None)  # an engine that answers whole counts what it made meanwhile
+        if made is not None:
+            progress.completion_tokens = max(progress.completion_tokens, made(f"{c.rid}-{c.attempt}"))
         if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
             self.active.pop(c.rid, None)
             self.owners.pop(c.rid, None)

@@ -9,7 +9,10 @@ Engines answer in OpenAI's terms (`Delta`): what the engine made reaches the cal
 whole, tool calls, logprobs, refusals and reasoning included. What an engine cannot do
 is an `EngineError` of type `invalid_request_error` (a typed 400 for the caller) naming
 the field, never a silent drop. An engine may set `model_name`: its own name for the
-model, which the caller sees in the answer's `model`.
+model, which the caller sees in the answer's `model`; and an engine that answers a call
+whole without saying how far it got (vLLM's final-only outputs) may offer
+`made(request_id) -> int`, the tokens it made for a call that ended, so a call cut short
+is still charged what it cost.
 """
 
 from __future__ import annotations

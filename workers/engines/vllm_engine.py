@@ -119,6 +119,8 @@ class VllmEngine:
         self._inflight: dict[str, str] = {}  # our request id -> vLLM's
         self._aborted: set[str] = set()
         self._multimodal = False
+        self._counting: _Counting | None = None
+        self._made: dict[str, int] = {}  # our request id -> tokens made, for `made` once it ended
 
     # -- lifecycle --------------------------------------------------------
 
@@ -152,7 +154,9 @@ class VllmEngine:
         del fut
         try:
             state = State()
-            await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
+            kind = self._vllm["RequestOutputKind"]
+            self._counting = _Counting(self._engine, kind.FINAL_ONLY, kind.CUMULATIVE)
+            await init_app_state(self._counting, state, args, await self._engine.get_supported_tasks())
             self._serving = {"chat": state.openai_serving_chat, "completion": state.openai_serving_completion}
             self._read_limits(self._engine)
             await self._warmup()
@@ -170,12 +174,13 @@ class VllmEngine:
             from vllm.entrypoints.openai.completion.protocol import CompletionRequest
             from vllm.entrypoints.serve.engine.protocol import ErrorResponse
             from vllm.exceptions import VLLMValidationError
+            from vllm.sampling_params import RequestOutputKind
             from vllm.utils.argparse_utils import FlexibleArgumentParser
             from vllm.v1.engine.exceptions import EngineDeadError
         except ImportError as e:
             raise EngineError(f"vLLM is not installed: {e}", "engine_start_failed", "vllm_missing") from e
         self._vllm = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "ErrorResponse": ErrorResponse,
-                      "EngineDeadError": EngineDeadError,
+                      "EngineDeadError": EngineDeadError, "RequestOutputKind": RequestOutputKind,
                       "refused": (VLLMValidationError, ValueError, TypeError, KeyError)}
         argv = serve_argv(self.settings)
         parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
@@ -227,6 +232,10 @@ class VllmEngine:
         self._aborted.add(request_id)  # also covers a request still being rendered, not yet in vLLM
         if self._engine is not None:
             await self._engine.abort(inner)
+
+    def made(self, request_id: str) -> int:
+        """Tokens made for a request that ended (asked once, by the worker, to charge them)."""
+        return self._made.pop(request_id, 0)
 
     def _request(self, req: EngineRequest) -> Any:
         """The caller's body as vLLM's request model, with the fleet's id, priority and bound."""
@@ -285,6 +294,8 @@ class VllmEngine:
                 await self._engine.abort(inner)
             if answer is not None and hasattr(answer, "aclose"):
                 await answer.aclose()
+            if self._counting is not None and len(self._made) < 10_000:  # bounded: a worker that never asks
+                self._made[req.request_id] = self._counting.made.pop(inner, 0)
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
 
@@ -302,6 +313,28 @@ class VllmEngine:
             if self._engine is not None and self._engine.errored:
                 raise EngineError(f"vLLM engine died: {e!r}", "engine_error", "engine_dead") from e
             raise EngineError(f"vLLM generation failed: {e!r}", "engine_error") from e
+
+
+class _Counting:
+    """vLLM's engine client as its serving layer sees it, but for a whole answer (not streamed)
+    counting the tokens as they are made, so a call cut short (its deadline, its caller gone) is
+    charged what it cost: asked for the final output only, vLLM would say nothing until the end.
+    It asks for cumulative outputs instead, whose last one is that same final output."""
+
+    def __init__(self, engine: Any, final_only: Any, cumulative: Any) -> None:
+        self._engine = engine
+        self._final_only, self._cumulative = final_only, cumulative
+        self.made: dict[str, int] = {}  # vLLM's request id -> tokens made so far
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt: Any, params: Any, request_id: str, *args: Any, **kw: Any) -> AsyncIterator[Any]:
+        if getattr(params, "output_kind", None) == self._final_only:
+            params.output_kind = self._cumulative
+        async for out in self._engine.generate(prompt, params, request_id, *args, **kw):
+            self.made[request_id] = len(out.outputs[0].token_ids) if out.outputs else 0
+            yield out
 
 
 def _text_only(messages: list[Any]) -> None:
