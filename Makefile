@@ -7,11 +7,13 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 
 .PHONY: up test setup vllm lint bench loadtest chromium clean images compose-up compose-down test-containers
 
+# uv (installed into the venv with pip) resolves the agent frameworks' dependency set in seconds,
+# where pip's resolver stalls on it.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(BIN)/pip install -q -e '.[test,sim,ray]' 2>&1 | grep -v "is ignored" || true
-	$(BIN)/python -c "import fleet, fleetctl, gateway, workers, fastapi, redis, pytest"
+	$(BIN)/pip install -q --upgrade pip 'uv>=0.9,<1' 2>&1 | grep -v "is ignored" || true
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[test,sim,ray,agents]'
+	$(BIN)/python -c "import fleet, fleetctl, gateway, workers, fastapi, redis, pytest, agents, langgraph, pydantic_ai, instructor"
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -19,6 +19,11 @@ the baseline measured in the same run.
 
 --gateways then also compares 1 and 2 gateway processes on one port
 (`fleet gateway --workers N`) on the sim path, in front of the same worker and Redis.
+
+--against REV runs a second fleet from a checkout of the git revision REV (a worktree under
+/tmp) beside this one, on the same Redis and mock server, and measures the forwarding path
+(`openai`) of both in alternating rounds (--rounds, the order swapped each round): C=1 added
+p50 and C=64 req/s, streaming and not, with the ratio of this code to REV's.
 """
 
 from __future__ import annotations
@@ -172,6 +177,54 @@ def compare_gateways(env: dict[str, str], requests: int, tokens: int, concurrenc
           f"(cores on this box: {os.cpu_count()})")
 
 
+def old_checkout(rev: str) -> Path:
+    """A worktree of `rev` (made once, kept for reruns) whose code the second fleet runs."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    path = Path(f"/tmp/fleet-bench-{sha}")
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=ROOT, check=True,
+                       capture_output=True)
+    return path
+
+
+def start_old(rev: str, env: dict[str, str]) -> tuple[dict[str, subprocess.Popen[bytes]], str]:
+    """The gateway and the forwarding worker of `rev`, in a namespace of their own; its URL."""
+    root = old_checkout(rev)
+    old_env = {**env, "PYTHONPATH": str(root), "FLEET_NAMESPACE": "bench-old"}
+    port = free_port()
+    procs = {f"gateway@{rev}": subprocess.Popen([sys.executable, "-m", "fleetctl", "gateway", "--port", str(port)],
+                                                env=old_env, cwd=root),
+             f"w-openai@{rev}": subprocess.Popen([sys.executable, "-m", "fleetctl", "worker", "--tier", "forward"],
+                                                 env=old_env, cwd=root)}
+    return procs, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+async def alternate(urls: dict[str, str], rev: str, rounds: int, requests: int, tokens: int) -> None:
+    """The forwarding path of this code and of `rev`, alternately, `rounds` times each: C=1 added p50
+    (against the baseline measured in the same round) and C=64 throughput."""
+    for url, model in ((urls["baseline"], "mock"), (urls["new"], "forward"), (urls["old"], "forward")):
+        await _wait_http(url, model)
+    print(f"\nthis code against {rev}, the openai (forwarding) path, {rounds} alternating rounds:")
+    for stream in (False, True):
+        for conc in (1, 64):
+            n = max(200, requests // (8 if conc == 1 else 1))
+            got: dict[str, list[float]] = {"new": [], "old": []}
+            for i in range(rounds):
+                order = ("new", "old") if i % 2 == 0 else ("old", "new")
+                base, _ = await load(urls["baseline"], "mock", conc, n, tokens, stream)
+                for label in order:
+                    await load(urls[label], "forward", conc, min(100, n), tokens, stream)  # warm-up
+                    lat, wall = await load(urls[label], "forward", conc, n, tokens, stream)
+                    got[label].append((pct(lat, 0.5) - pct(base, 0.5)) * 1e3 if conc == 1 else n / wall)
+            what = "added p50 ms" if conc == 1 else "req/s"
+            new, old = (sorted(v)[len(v) // 2] for v in (got["new"], got["old"]))
+            ratio = new / old if old else float("nan")
+            print(f"  {'streaming' if stream else 'non-stream'} C={conc:<3} {what}: this code {new:.2f} "
+                  f"(rounds {', '.join(f'{x:.2f}' for x in got['new'])}), {rev} {old:.2f} "
+                  f"(rounds {', '.join(f'{x:.2f}' for x in got['old'])}); ratio {ratio:.3f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
@@ -180,6 +233,8 @@ def main() -> None:
     ap.add_argument("--paths", default="sim,openai", help="which fleet paths: sim, openai or both")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--profile", default=None, help="a folder: run gateway and workers under cProfile")
+    ap.add_argument("--against", default=None, help="a git revision: compare its forwarding path with this code's")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: alternating rounds")
     args = ap.parse_args()
     paths = [p for p in args.paths.split(",") if p]
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -207,6 +262,12 @@ def main() -> None:
     urls = {"baseline": f"http://127.0.0.1:{mock_port}/v1/chat/completions", **dict.fromkeys(paths, gw)}
     r = redis.Redis.from_url(server_url)
     try:
+        if args.against:
+            old, urls["old"] = start_old(args.against, env)
+            procs.update(old)
+            urls["new"] = gw
+            asyncio.run(alternate(urls, args.against, args.rounds, args.requests, args.tokens))
+            return
         asyncio.run(measure(urls, pids, paths, levels, args.requests, args.tokens, r))
         if args.gateways and "sim" in paths:
             compare_gateways(env, args.requests, args.tokens)

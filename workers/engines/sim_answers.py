@@ -179,9 +179,10 @@ def instance(schema: Any, defs: dict[str, Any] | None = None, depth: int = 0) ->
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return schema["enum"][0]
     for key in ("anyOf", "oneOf"):
-        options = [o for o in schema.get(key) or () if isinstance(o, dict) and o.get("type") != "null"]
+        options = [o for o in schema.get(key) or () if isinstance(o, dict)]
         if options:
-            return instance(options[0], defs, depth + 1)
+            chosen = next((o for o in options if o.get("type") != "null"), options[0])
+            return instance(chosen, defs, depth + 1)
     if isinstance(schema.get("allOf"), list) and schema["allOf"]:
         merged: dict[str, Any] = {}
         for part in schema["allOf"]:

@@ -246,8 +246,8 @@ class VllmEngine:
                                       "continuous_usage_stats": True}
         else:
             body.pop("stream_options", None)
-        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-            body["max_tokens"] = req.max_tokens
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:  # vLLM's names for it
+            body["max_completion_tokens" if req.kind == "chat" else "max_tokens"] = req.max_tokens
         if req.kind == "chat" and not self._multimodal:
             _text_only(body.get("messages") or [])
         try:
