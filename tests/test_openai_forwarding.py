@@ -64,8 +64,8 @@ async def upstream() -> AsyncIterator[str]:
 
 
 def request(i: int, stream: bool) -> EngineRequest:
-    return EngineRequest(request_id=f"r{i}", kind="chat", messages=[{"role": "user", "content": "hi"}],
-                         max_tokens=2, stream=stream)
+    return EngineRequest.build(f"r{i}", "chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                               stream=stream)
 
 
 async def test_calls_reuse_one_connection_and_non_streamed_calls_go_non_streamed(upstream: str) -> None:
@@ -75,7 +75,9 @@ async def test_calls_reuse_one_connection_and_non_streamed_calls_go_non_streamed
         for i in range(6):
             stream = i % 2 == 0
             deltas = [d async for d in eng.generate(request(i, stream))]
-            assert "".join(d.text for d in deltas) == "a b"
+            # Streamed, the text as it came; whole, the upstream's message as it came.
+            text = "".join(d.text for d in deltas) if stream else deltas[0].choice["message"]["content"]  # type: ignore[index]
+            assert text == "a b"
             assert deltas[-1].finish_reason == "length"
             assert (deltas[-1].prompt_tokens, deltas[-1].completion_tokens) == (3, 2)  # the upstream's usage
             if not stream:
