@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 log = logging.getLogger("fleet.tasks")
@@ -32,3 +33,20 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None, recancel_s: float 
             log.info("task %s still runs %.1f s after its cancel (lost in a Redis call?): cancelling it again",
                      t.get_name() if isinstance(t, asyncio.Task) else t, recancel_s)
     await asyncio.gather(*mine, return_exceptions=True)  # all done: marks their exceptions retrieved
+
+
+_background: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """Run `coro` off the caller's path: the one home of a part's background work (a clean-up, a
+    ring). The loop keeps only weak references to tasks, so they are held here until they end."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+async def stop_spawned() -> None:
+    """At a part's shutdown: end whatever `spawn` still runs."""
+    await cancel_and_wait(*_background)

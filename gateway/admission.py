@@ -48,10 +48,9 @@ from fleet.store.capacity import read_calibration
 from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, spawn
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
-from gateway.redis_loss import spawn
 from gateway.tickets import (
     AdmissionRequest,
     Reservation,
@@ -132,9 +131,8 @@ class Admission:
             ticket = await self._tier_decision(req)
         except APIError as e:
             await end_all(taken, None)
-            if e.status == 429:
+            if e.status == 429:  # its outcome (shed) is counted by its `Call`
                 metrics.SHED.labels(req.tier, req.priority.name, e.code or "at_capacity").inc()
-                metrics.REQUESTS.labels(req.tier, req.priority.name, "shed").inc()
             raise
         except BaseException:
             # Redis away or the deadline's bound reached: releasing must not hold the caller's

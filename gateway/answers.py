@@ -10,47 +10,49 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
 from redis.exceptions import RedisError
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from fleet.store.events import Chunk, Done, Event
-from fleet.store.line import Line
-from gateway.errors import from_event
-from gateway.observability import RequestRecorder
-from gateway.redis_loss import UNAVAILABLE, Orphans, end_in_line, spawn, unavailable_error
-from gateway.results import close_events
-from gateway.schemas import ChatBody, CompletionBody
-from gateway.tickets import Ticket, Usage, outcome_of
+from gateway.client_watch import ClientWatch
+from gateway.errors import APIError, from_event
+from gateway.redis_loss import UNAVAILABLE, unavailable_error
+from gateway.tickets import Usage, outcome_of
+
+if TYPE_CHECKING:
+    from gateway.call import Call
 
 log = logging.getLogger("fleet.gateway")
 
 
 class SSEResponse(StreamingResponse):
-    """Starlette's StreamingResponse, with its first bytes written on the call's own task.
+    """Starlette's StreamingResponse, with its first bytes written on the call's own task, and
+    the call's one client watcher (`gateway.client_watch`) to cut it short.
 
     Under an ASGI server of spec < 2.4 (uvicorn says 2.3) Starlette streams from a new task of an
     anyio task group while the call's task listens for the client's disconnect: a task and a loop
-    turn before the headers and the first chunk go out. Here the call's task streams, and the
-    listener is the task started beside it; when the client leaves it cancels the stream, which
-    ends the way Starlette's does (the generator's clean-up runs, the response returns)."""
+    turn before the headers and the first chunk go out. Here the call's task streams; when the
+    client leaves, the watcher cancels it, which ends the stream the way Starlette's does (the
+    generator's clean-up runs, the response returns)."""
+
+    def __init__(self, content: AsyncIterator[bytes], client: ClientWatch, headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.client = client
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         me = asyncio.current_task()
         state = {"gone": False, "done": False}
 
-        async def listen() -> None:
-            message = await receive()
-            while message["type"] != "http.disconnect":  # a body the client still sends: not ours to read
-                message = await receive()
+        def left() -> None:
             if not state["done"] and me is not None:  # after the last chunk, receive says disconnect too
                 state["gone"] = True
                 me.cancel()
 
-        listener = asyncio.ensure_future(listen())
+        self.client.on_gone(left)
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
@@ -59,7 +61,6 @@ class SSEResponse(StreamingResponse):
             me.uncancel()  # the client left: the stream ended, as Starlette's task group ends it
         finally:
             state["done"] = True
-            listener.cancel()
 
 
 def usage_of(ev: Done) -> Usage:
@@ -130,13 +131,28 @@ class _Chunks:
         return out
 
 
-async def sse(orphans: Orphans, line: Line, rid: str, kind: str, body: ChatBody | CompletionBody,
-               first: Event, stream: AsyncIterator[Event], created: int,
-               rec: RequestRecorder, ticket: Ticket) -> AsyncIterator[bytes]:
+async def whole(call: Call, first: Done | Chunk) -> Response:
+    """A call answered whole: its one JSON body."""
+    if not isinstance(first, Done):  # a chunk for a call that was not streamed: the worker's fault
+        raise APIError(502, "the worker streamed an answer that was asked for whole", "engine_error",
+                       code="bad_answer")
+    call.completed(first)
+    await call.end("completed", usage_of(first), in_line=True)
+    body = final_body(call.spec.kind, call.rid, call.spec.body.model, call.created, first)
+    return Response(orjson.dumps(body), media_type="application/json", headers=call.headers)
+
+
+def stream(call: Call, first: Chunk | Done) -> SSEResponse:
+    """A streamed call's response; the stream ends the call when it ends, however it ends."""
+    call.streaming = True
+    return SSEResponse(_sse(call, first), call.client, call.headers)
+
+
+async def _sse(call: Call, first: Event) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's chunk format, ending in `data: [DONE]`."""
-    chunks = _Chunks(kind, rid, body.model, created)
-    finished = False
-    end: tuple[str, Usage | None] = ("cancelled", None)  # the outcome the ticket closes with
+    spec = call.spec
+    chunks = _Chunks(spec.kind, call.rid, spec.body.model, call.created)
+    end: tuple[str, Usage | None, bool] = ("cancelled", None, False)  # how the call ends (the client left)
     try:
         # Chunks known together go out in one write: the role chunk with the first event's, the
         # last chunk with the usage chunk and [DONE] (fewer writes for the gateway and the caller).
@@ -150,41 +166,29 @@ async def sse(orphans: Orphans, line: Line, rid: str, kind: str, body: ChatBody 
                 yield out
                 last = b""
             else:
-                finished = True
                 if isinstance(ev, Done):
-                    end = ("completed", usage_of(ev))
-                    rec.done(ev)
-                    last = chunks.end(ev, body.include_usage())
+                    end = ("completed", usage_of(ev), True)
+                    call.completed(ev)
+                    last = chunks.end(ev, spec.body.include_usage())
                 else:
-                    end = (outcome_of(ev), None)
+                    end = (outcome_of(ev), None, True)
                     last = b"data: " + orjson.dumps(from_event(ev).body()) + b"\n\n"
                 if not opened:
                     last = chunks.opening() + last
                 break
             try:
-                ev = await stream.__anext__()
+                ev = await call.next()
             except (RedisError, TimeoutError) as e:
                 # Redis dropped or froze mid-stream: the documented end, not a cut connection. The
                 # request is ended in the line once Redis answers (the orphan sweep).
-                finished = True
-                end = (UNAVAILABLE, None)
-                orphans.add(line, rid, UNAVAILABLE, ticket)
-                log.error("stream %s: Redis unavailable (%s)", rid, type(e).__name__)
+                end = (UNAVAILABLE, None, False)
+                log.error("stream %s: Redis unavailable (%s)", call.rid, type(e).__name__)
                 last = b"data: " + orjson.dumps(unavailable_error(e).body()) + b"\n\n"
                 break
         yield last + b"data: [DONE]\n\n"
     finally:
-        # The response task may be being cancelled (the client left): Starlette cancels
-        # it through an anyio scope, which would cancel every await here again, so the
-        # clean-up runs in a shielded scope of its own.
+        # The response task may be being cancelled (the client left): Starlette cancels it through
+        # an anyio scope, which would cancel every await here again, so the end runs shielded.
         with anyio.CancelScope(shield=True):
-            if not finished:
-                # The client left mid-stream: abort the work in its engine. The outcome counted is
-                # the one the line recorded (a worker may have completed it a moment before).
-                ended = await end_in_line(line, rid, "cancelled")
-                if ended is None:
-                    orphans.add(line, rid, "cancelled", ticket)
-                end = (ended or "cancelled", None)
-            if end[0] != UNAVAILABLE and not ticket.recorded:
-                spawn(ticket.close(*end))  # Redis calls of its own: off the closing response's path
-            spawn(close_events(stream))
+            told, usage, in_line = end
+            await call.end(told, usage, in_line=in_line)

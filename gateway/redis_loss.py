@@ -26,13 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from fleet import metrics
 from gateway.errors import APIError
 
 if TYPE_CHECKING:
@@ -47,16 +45,6 @@ CLEANUP_S = 1.0  # a clean-up call on the way out (cancel, release) waits no lon
 ORPHAN_WATCH_S = 10.0  # a delayed enqueue may still land after Redis returns: watch for it this long
 UNAVAILABLE = "unavailable"  # the outcome, in the line's counters and in fleet_requests_total
 
-_background: set[asyncio.Task[Any]] = set()
-
-
-def spawn(coro: Coroutine[Any, Any, Any]) -> None:
-    """Run a clean-up off the caller's path (the loop keeps only weak references to tasks)."""
-    task = asyncio.get_running_loop().create_task(coro)
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-
-
 def unavailable_error(exc: BaseException | None, *, deadline_ms: int | None = None) -> APIError:
     """The typed 503 of the contract, with Retry-After."""
     if deadline_ms is not None and not isinstance(exc, RedisError):
@@ -65,11 +53,6 @@ def unavailable_error(exc: BaseException | None, *, deadline_ms: int | None = No
         why = f"is unavailable ({type(exc).__name__ if exc else 'no answer'})"
     return APIError(503, f"the fleet's Redis {why}; retry shortly", "service_unavailable",
                     code="redis_unavailable", headers={"Retry-After": "1"})
-
-
-def count_response(tier: str | None, priority: str | None, outcome: str) -> None:
-    """fleet_requests_total for a response no ticket counts (refused before the line, or Redis away)."""
-    metrics.REQUESTS.labels(tier or "none", priority or "none", outcome).inc()
 
 
 async def end_in_line(line: Line, rid: str, outcome: str, *, bound_s: float = CLEANUP_S) -> str | None:
@@ -104,8 +87,7 @@ class Orphans:
         self.pending: dict[str, Orphan] = {}
 
     def add(self, line: Line, rid: str, outcome: str, ticket: Ticket | None) -> None:
-        if ticket is not None:
-            ticket.record(outcome)  # the caller has its answer: count it now, once
+        """`rid`'s caller was told `outcome` (its `Call` counted it): end it so in the line when Redis answers."""
         self.pending[rid] = Orphan(line, rid, outcome, ticket)
 
     async def sweep(self) -> None:

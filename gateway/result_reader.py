@@ -31,14 +31,13 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from typing import Any
 
 from redis.exceptions import RedisError
 
 from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.events import Chunk, Event
 from fleet.store.line import Line
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, spawn
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ class _Tier:
             self.task = asyncio.create_task(self._run(), name=f"results-{self.line.tier}")
         elif self.reading and not self.rung:
             self.rung = True
-            self.reader.spawn(self._ring())
+            spawn(self._ring())
         return w
 
     async def _ring(self) -> None:
@@ -177,7 +176,6 @@ class ResultReader:
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex[:12]
         self._tiers: dict[str, _Tier] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     def watch(self, line: Line, rid: str) -> Watch:
         tier = self._tiers.get(line.tier)
@@ -189,11 +187,6 @@ class ResultReader:
     def open_calls(self) -> int:
         return sum(len(t.watches) for t in self._tiers.values())
 
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(self._tasks.discard)
-
     async def stop(self) -> None:
-        tasks = [t.task for t in self._tiers.values() if t.task is not None] + list(self._tasks)
+        tasks = [t.task for t in self._tiers.values() if t.task is not None]
         await cancel_and_wait(*tasks)  # not a lone cancel(): one lost in a Redis call hangs the exit

@@ -1,4 +1,4 @@
-"""Reading one request's result stream, racing the deadline and the client."""
+"""Reading one request's result stream, racing its deadline (the client: `gateway.client_watch`)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,16 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fleet.store.events import Chunk, Event, Failed
 from fleet.store.line import Line
-from fleet.tasks import cancel_and_wait
-from gateway.redis_loss import GRACE_S, spawn
+from fleet.tasks import spawn
+from gateway.redis_loss import GRACE_S
 from gateway.result_reader import Watch
 
 # After the deadline, how long to wait for the final event before answering without it.
 GIVE_UP_AFTER_S = 5.0
 DROP_AFTER_S = 0.1  # read result streams are dropped in batches gathered this long
-
-
-class ClientGone(Exception):
-    """The caller disconnected."""
 
 
 EXPIRED = Failed(504, "deadline_exceeded", "deadline passed before the request finished")
@@ -105,28 +100,3 @@ def drop_soon(line: Line, rid: str) -> None:
 async def _drop(line: Line, rids: list[str]) -> None:
     with contextlib.suppress(Exception):  # Redis away: the streams' TTL drops them instead
         await line.drop_events(*rids)
-
-
-async def wait_disconnect(receive: Any) -> None:
-    """Return when the ASGI server reports the client gone (body already read)."""
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def first_or_gone(agen: AsyncIterator[Event], receive: Any) -> Event:
-    """The next event, or ClientGone if the caller leaves first."""
-    nxt = asyncio.ensure_future(agen.__anext__())
-    gone = asyncio.ensure_future(wait_disconnect(receive))
-    try:
-        await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # cancelled (the deadline's bound): the pending read must not run on
-        nxt.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if nxt.done():
-        return nxt.result()
-    await cancel_and_wait(nxt)  # a read awaiting Redis can lose one cancel (fleet/tasks.py)
-    raise ClientGone

@@ -18,7 +18,6 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from fleet import metrics
 from fleet.config import Priority
 from fleet.store.events import Done, Failed
 from fleet.store.line import Line
@@ -93,7 +92,6 @@ class Ticket:
     request_key: str  # the request's hash in the line: did an engine ever take it?
     reservations: list[Reservation] = field(default_factory=list)
     closed: bool = False
-    recorded: bool = False
 
     async def enqueue(self, line: Line, payload: bytes, chain: str = "") -> int:
         """Join the line and drop the being-admitted mark in one step (the line now counts it).
@@ -104,14 +102,8 @@ class Ticket:
         return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
                                   admitting=(self.admitting_key, self.member))
 
-    def record(self, outcome: str) -> None:
-        """Count the request's one outcome in fleet_requests_total (once, however often called)."""
-        if not self.recorded:
-            self.recorded = True
-            metrics.REQUESTS.labels(self.req.tier, self.req.priority.name, outcome).inc()
-
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
-        """End the request once: count its outcome and end every reservation. Later calls do nothing.
+        """End the request's reservations once, by its outcome. Later calls do nothing.
 
         Completed: settle with the real usage. Cancelled or expired after an engine
         took it: the engine made tokens the gateway cannot count, so settle at the
@@ -122,8 +114,6 @@ class Ticket:
         if self.closed:
             return
         self.closed = True
-        if outcome is not None:
-            self.record(outcome)
         settle_with = usage if outcome == "completed" else None
         if outcome in ("cancelled", "expired") and self.reservations:
             attempt = await self.redis.hget(self.request_key, "attempt")

@@ -36,6 +36,7 @@ from fleet.store.ledger import Ledger
 from fleet.store.line import Line
 from fleet.store.version_outcomes import queue_outcome, read_outcomes
 from gateway.answers import SSEResponse
+from gateway.client_watch import ClientWatch
 from tests.harness import TEST_CONFIG, Fleet, blocked_in, wait_until
 
 CONFIG = """
@@ -272,7 +273,11 @@ async def _respond(gen_blocks: bool, leave_after_first: bool, first_out: asyncio
             await leave.wait()  # never: the response ends first
         return {"type": "http.disconnect"}
 
-    await SSEResponse(gen(), media_type="text/event-stream")({"type": "http"}, receive, send)
+    client = ClientWatch(receive)  # the call's one watcher of its client, as the gateway hands it over
+    try:
+        await SSEResponse(gen(), client, {})({"type": "http"}, receive, send)
+    finally:
+        client.stop()
     return sent, seen
 
 

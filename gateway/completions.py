@@ -1,0 +1,72 @@
+"""The completion routes: `POST /v1/chat/completions` and `POST /v1/completions`.
+
+A call is read (`gateway.call_spec.parse_call`, a pure function, and the fleet's headers),
+then lives in one `gateway.call.Call` from admission to its end, and is answered whole or
+streamed (`gateway.answers`). A call refused before it gets that far (its key, its body, its
+headers) is counted here, the only place besides its `Call` that counts an outcome.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from redis.exceptions import RedisError
+
+from fleet.config import FleetConfig
+from fleet.store.payloads import Kind
+from gateway.answers import stream, whole
+from gateway.auth import Caller, authenticate
+from gateway.call import REFUSED, Call, CallHeaders, count_refused
+from gateway.call_spec import CallSpec, parse_call
+from gateway.client_watch import ClientGone, ClientWatch
+from gateway.errors import APIError
+from gateway.redis_loss import UNAVAILABLE
+from gateway.request import parse_chain_id, parse_deadline, read_json
+
+router = APIRouter()
+HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+@router.post("/v1/chat/completions")
+async def chat(request: Request) -> Response:
+    return await complete(request, "chat")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await complete(request, "completion")
+
+
+async def complete(request: Request, kind: Kind) -> Response:
+    """Read the call, then serve it in its `Call`: whole, or as a stream that ends it."""
+    gw = request.app.state.gw
+    caller, spec, headers = await read_call(request, kind, gw.cfg)
+    try:
+        async with Call(gw, spec, caller, headers, ClientWatch(request.receive)) as call:
+            first = await call.first()
+            return stream(call, first) if spec.stream else await whole(call, first)
+    except ClientGone:  # ended as cancelled; nobody reads this
+        return Response(status_code=499)
+
+
+async def read_call(request: Request, kind: Kind, cfg: FleetConfig) -> tuple[Caller, CallSpec, CallHeaders]:
+    """The caller (401 before the body is even read), the call and the fleet's headers; a typed
+    4xx for what is wrong with them, counted as refused (503 if Redis fails the key's lookup)."""
+    tier: str | None = None
+    priority: str | None = None
+    try:
+        caller = authenticate(request)
+        raw, data = await read_json(request, cfg.max_body_bytes)
+        spec = parse_call(kind, raw, data, cfg)
+        tier = spec.tier
+        caller.check_tier(tier)
+        prio = caller.priority(request.headers.get("x-priority"), cfg.default_priority)
+        priority = prio.name
+        headers = CallHeaders(prio, parse_deadline(request, cfg.default_deadline_ms), parse_chain_id(request))
+    except APIError as e:
+        count_refused(tier, priority, UNAVAILABLE if e.status == 503 else REFUSED)
+        raise
+    except RedisError:
+        count_refused(tier, priority, UNAVAILABLE)
+        raise
+    return caller, spec, headers
