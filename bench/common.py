@@ -6,7 +6,9 @@ imports this module as `bench.common`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -76,3 +78,11 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def raise_fd_limit() -> int:
+    """Each open call is a socket in this process and in the gateway: raise the soft limit to the hard one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

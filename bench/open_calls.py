@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
-import resource
 import subprocess
 import sys
 import time
@@ -37,7 +35,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import fleet_env, fleetctl, pct, stop, zero_tier  # noqa: E402
+from bench.common import fleet_env, fleetctl, pct, raise_fd_limit, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
 FLEET = """
@@ -69,14 +67,6 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def raise_fd_limit() -> int:
-    """Each open call is a socket in this process and in the gateway: raise the soft limit to the hard one."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class Run:
