@@ -329,23 +329,24 @@ def report(rows: list[tuple[Level, Level]], args: argparse.Namespace) -> None:
     """The table by N and path, the ratios against the baseline, Redis's commands, and the sizing."""
     asked = "as fast as the loop turns" if args.step_ms == 0 else f"{1000 / args.step_ms:,.0f} tokens/s a call"
     print(f"\n{args.tokens} tokens a call, asked {asked}; CPU ms per 1,000 tokens delivered, by process")
-    print(f"{'N':>5}{'path':>9}{'tokens/s':>10}{'tok/chunk':>10}{'chunks/call':>12}{'TTFT p50':>9}{'p99 ms':>8}"
-          + "".join(f"{g:>8}" for g in GROUPS) + f"{'errors':>7}")
+    print(f"{'N':>5}{'path':>9}{'calls':>7}{'tokens/s':>10}{'tok/chunk':>10}{'chunks/call':>12}{'TTFT p50':>9}"
+          f"{'p99 ms':>8}" + "".join(f"{g:>8}" for g in GROUPS) + f"{'errors':>7}")
     for pair in rows:
         for lv in pair:
-            print(f"{lv.n:>5}{lv.path:>9}{lv.tokens_per_s:>10,.0f}{lv.tokens_per_chunk:>10.1f}"
+            print(f"{lv.n:>5}{lv.path:>9}{lv.calls:>7}{lv.tokens_per_s:>10,.0f}{lv.tokens_per_chunk:>10.1f}"
                   f"{args.tokens / max(lv.tokens_per_chunk, 1e-9):>12.1f}{pct(lv.ttft, 0.5) * 1e3:>9.1f}"
                   f"{pct(lv.ttft, 0.99) * 1e3:>8.1f}"
                   + "".join(f"{lv.cpu_per_k(g) if g in lv.cpu else math.nan:>8.1f}" for g in GROUPS)
                   + f"{sum(lv.errors.values()):>7}")
-    print("\nagainst the baseline of the same run (same client, same chunks, same N); Redis commands:")
+    print("\nagainst the baseline of the same run (same client, same chunks, same N); Redis's commands (a script's "
+          "own calls counted apart):")
     for fleet, base in rows:
         relay = sum(fleet.cpu_per_k(g) for g in ("gateway", "workers", "redis"))
-        per_k = {c: k / max(1, fleet.tokens) * 1000 for c, k in fleet.commands.most_common(4)}
+        per_k = {c: k / max(1, fleet.tokens) * 1000 for c, k in fleet.commands.most_common(8)}
         print(f"  N={fleet.n:<5} tokens/s {fleet.tokens_per_s / max(1.0, base.tokens_per_s):6.1%} of the baseline's; "
-              f"relay CPU per token {relay / base.cpu_per_k('server'):4.1f}x the baseline server's; Redis commands "
-              f"per 1,000 tokens {sum(fleet.commands.values()) / max(1, fleet.tokens) * 1000:.1f} ("
-              + ", ".join(f"{c} {v:.1f}" for c, v in per_k.items()) + ")")
+              f"relay CPU per token {relay / base.cpu_per_k('server'):4.1f}x the baseline server's")
+        print(f"    Redis commands per 1,000 tokens {sum(fleet.commands.values()) / max(1, fleet.tokens) * 1000:.0f}: "
+              + ", ".join(f"{c} {v:.1f}" for c, v in per_k.items()))
         for what, k in (fleet.errors + base.errors).most_common(3):
             print(f"    {k} x {what}")
     if rows:
