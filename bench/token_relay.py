@@ -4,8 +4,9 @@ A `sim` tier (`relay`) whose replicas cost nothing but their decode step: every 
 gets a token each `--step-ms` (0: as fast as the worker's loop turns), so the engine asks
 for N x 1000 / step-ms tokens a second and the relay is what limits delivery. N streaming
 chat calls stay open (each caller starts its next call when one ends) through one gateway
-process, one Redis and `--sim-workers` workers, for `--duration-s` after `--warmup-s`,
-at each N of `--calls` (10 to 2,000).
+process, one Redis and `--sim-workers` workers, for `--duration-s` at each N of `--calls`
+(10 to 2,000), after a warm-up: `--warmup-s`, and then until every caller's first call has
+ended (N calls opened at once, which is not the steady state measured; at most 60 s more).
 
 Per N: streamed tokens/s delivered to callers, tokens per chunk and chunks per call, CPU
 (ms) per 1,000 tokens of the gateway, the workers, Redis and this client (from /proc), TTFT
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import math
 import os
 import re
@@ -81,6 +83,7 @@ MESSAGES = [{"role": "user", "content": "relay"}]
 CHUNK_MARK = b'"delta":{"content"'  # a chunk that carries tokens (the role chunk's delta starts with "role")
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
 PY_SPY = Path(sys.executable).parent / "py-spy"
+SETTLE_LIMIT_S = 60.0  # the longest a level's warm-up waits, past --warmup-s, for every caller's first call
 
 
 @dataclass
@@ -89,6 +92,7 @@ class Level:
 
     path: str
     n: int
+    warmup_s: float = 0.0  # from the first call to the window: `--warmup-s`, or until every first call ended
     window_s: float = 0.0
     tokens: int = 0  # tokens read in the window
     chunks: int = 0  # token-carrying SSE chunks read in the window
@@ -112,10 +116,13 @@ class Level:
 
 
 class Window:
-    """The measured stretch of a level: `inside(t)` tells whether a moment falls in it."""
+    """The measured stretch of a level, opened by its meter: `inside(t)` tells whether a moment falls in it."""
 
-    def __init__(self, warmup_s: float, duration_s: float) -> None:
-        self.start = time.monotonic() + warmup_s
+    def __init__(self) -> None:
+        self.start = self.end = math.inf
+
+    def open(self, duration_s: float) -> None:
+        self.start = time.monotonic()
         self.end = self.start + duration_s
 
     def inside(self, t: float) -> bool:
@@ -168,33 +175,43 @@ async def run_level(path: str, url: str, n: int, body: dict[str, object], pids: 
     """N callers, each calling again as its call ends, until the window closes; CPU (and the
     commands `redis` ran) read at its two ends."""
     lv = Level(path, n)
-    w = Window(args.warmup_s, args.duration_s)
+    w = Window()
     # The first call of each caller asks for a share of the tokens, so the callers' calls end apart.
     first = [orjson.dumps({**body, "max_tokens": 1 + i * args.tokens // n}) for i in range(n)]
     rest = orjson.dumps(body)
+    firsts_left = [n]
+    settled = asyncio.Event()  # every caller's first call has ended: N calls opened at once are behind us
 
     async def caller(i: int) -> None:
         for k in range(args.max_calls):  # bounded in count as well as in time
             if time.monotonic() >= w.end:
                 return
             await call(s, url, first[i] if k == 0 else rest, lv, w)
+            if k == 0:
+                firsts_left[0] -= 1
+                if not firsts_left[0]:
+                    settled.set()
 
     async def meter() -> None:
-        await asyncio.sleep(max(0.0, w.start - time.monotonic()))
+        t0 = time.monotonic()
+        await asyncio.sleep(args.warmup_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settled.wait(), SETTLE_LIMIT_S)
+        lv.warmup_s = time.monotonic() - t0
         before = {g: sum(cpu_s(p) for p in ps) for g, ps in pids.items()}
         commands = await redis_commands(redis)
-        t0 = time.monotonic()
+        w.open(args.duration_s)
         profiling = [spy(args.profile, f"{path}-{n}-{g}", ps[0], args.duration_s)
                      for g, ps in pids.items() if args.profile and g in ("gateway", "workers")]
         await asyncio.sleep(max(0.0, w.end - time.monotonic()))
-        lv.window_s = time.monotonic() - t0
+        lv.window_s = time.monotonic() - w.start
         lv.cpu = {g: sum(cpu_s(p) for p in ps) - before[g] for g, ps in pids.items()}
         lv.commands = await redis_commands(redis) - commands
         for p in profiling:
             p.wait(30)
 
     conn = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=args.warmup_s + args.duration_s + 60)
+    timeout = aiohttp.ClientTimeout(total=args.warmup_s + SETTLE_LIMIT_S + args.duration_s + 60)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
         await asyncio.gather(meter(), *(caller(i) for i in range(n)))
     return lv
@@ -307,7 +324,7 @@ async def sweep(args: argparse.Namespace, fleet_url: str, base_url: str, pids: d
     redis = aioredis.Redis.from_url(redis_url)
     try:
         for n in args.calls:
-            if time.monotonic() + 2 * (args.warmup_s + args.duration_s) > end:
+            if time.monotonic() + 2 * (args.warmup_s + args.duration_s) + SETTLE_LIMIT_S > end:
                 print(f"stopped before N={n}: the run's limit ({args.limit_s:.0f} s) is near", flush=True)
                 break
             fleet = await run_level("fleet", fleet_url, n, body, pids["fleet"], args, redis)
@@ -329,11 +346,11 @@ def report(rows: list[tuple[Level, Level]], args: argparse.Namespace) -> None:
     """The table by N and path, the ratios against the baseline, Redis's commands, and the sizing."""
     asked = "as fast as the loop turns" if args.step_ms == 0 else f"{1000 / args.step_ms:,.0f} tokens/s a call"
     print(f"\n{args.tokens} tokens a call, asked {asked}; CPU ms per 1,000 tokens delivered, by process")
-    print(f"{'N':>5}{'path':>9}{'calls':>7}{'tokens/s':>10}{'tok/chunk':>10}{'chunks/call':>12}{'TTFT p50':>9}"
-          f"{'p99 ms':>8}" + "".join(f"{g:>8}" for g in GROUPS) + f"{'errors':>7}")
+    print(f"{'N':>5}{'path':>9}{'warm s':>7}{'calls':>7}{'tokens/s':>10}{'tok/chunk':>10}{'chunks/call':>12}"
+          f"{'TTFT p50':>9}{'p99 ms':>8}" + "".join(f"{g:>8}" for g in GROUPS) + f"{'errors':>7}")
     for pair in rows:
         for lv in pair:
-            print(f"{lv.n:>5}{lv.path:>9}{lv.calls:>7}{lv.tokens_per_s:>10,.0f}{lv.tokens_per_chunk:>10.1f}"
+            print(f"{lv.n:>5}{lv.path:>9}{lv.warmup_s:>7.1f}{lv.calls:>7}{lv.tokens_per_s:>10,.0f}{lv.tokens_per_chunk:>10.1f}"
                   f"{args.tokens / max(lv.tokens_per_chunk, 1e-9):>12.1f}{pct(lv.ttft, 0.5) * 1e3:>9.1f}"
                   f"{pct(lv.ttft, 0.99) * 1e3:>8.1f}"
                   + "".join(f"{lv.cpu_per_k(g) if g in lv.cpu else math.nan:>8.1f}" for g in GROUPS)
@@ -383,7 +400,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--calls", type=ints, default=ints("10,100,200,500,1000,2000"), help="the Ns to sweep")
     ap.add_argument("--duration-s", type=float, default=10.0, help="measured window per N and path")
-    ap.add_argument("--warmup-s", type=float, default=3.0, help="before each window")
+    ap.add_argument("--warmup-s", type=float, default=3.0, help="before each window, at least")
     ap.add_argument("--tokens", type=int, default=128, help="completion tokens a call")
     ap.add_argument("--step-ms", type=float, default=1.0, help="the sim's decode step (0: as fast as it can)")
     ap.add_argument("--sim-workers", type=int, default=1)
