@@ -24,7 +24,7 @@ From the measured costs at the N nearest 1,000: how many gateway processes
 `--busy` of one core. Traffic goes to 127.0.0.1 only; each level ends at its duration, and
 the whole run at `--limit-s`.
 
-    .venv/bin/python bench/token_relay.py [--calls 10,100,200,500,1000,2000] [--duration-s 10]
+    .venv/bin/python bench/token_relay.py [--calls 10,100,200,500,1000,2000] [--duration-s 15]
         [--warmup-s 3] [--tokens 128] [--step-ms 1] [--sim-workers 1] [--profile DIR]
 
 --profile DIR also samples the gateway and the workers with py-spy (`--format raw`) during each
@@ -399,7 +399,7 @@ def ints(s: str) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--calls", type=ints, default=ints("10,100,200,500,1000,2000"), help="the Ns to sweep")
-    ap.add_argument("--duration-s", type=float, default=10.0, help="measured window per N and path")
+    ap.add_argument("--duration-s", type=float, default=15.0, help="measured window per N and path")
     ap.add_argument("--warmup-s", type=float, default=3.0, help="before each window, at least")
     ap.add_argument("--tokens", type=int, default=128, help="completion tokens a call")
     ap.add_argument("--step-ms", type=float, default=1.0, help="the sim's decode step (0: as fast as it can)")
