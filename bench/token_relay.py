@@ -101,6 +101,7 @@ class Level:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds in the window, by process group
     commands: collections.Counter[str] = field(default_factory=collections.Counter)  # Redis's, in the window
+    command_us: collections.Counter[str] = field(default_factory=collections.Counter)  # ... the time they took
 
     @property
     def tokens_per_s(self) -> float:
@@ -199,14 +200,15 @@ async def run_level(path: str, url: str, n: int, body: dict[str, object], pids: 
             await asyncio.wait_for(settled.wait(), SETTLE_LIMIT_S)
         lv.warmup_s = time.monotonic() - t0
         before = {g: sum(cpu_s(p) for p in ps) for g, ps in pids.items()}
-        commands = await redis_commands(redis)
+        commands, command_us = await redis_commands(redis)
         w.open(args.duration_s)
         profiling = [spy(args.profile, f"{path}-{n}-{g}", ps[0], args.duration_s)
                      for g, ps in pids.items() if args.profile and g in ("gateway", "workers")]
         await asyncio.sleep(max(0.0, w.end - time.monotonic()))
         lv.window_s = time.monotonic() - w.start
         lv.cpu = {g: sum(cpu_s(p) for p in ps) - before[g] for g, ps in pids.items()}
-        lv.commands = await redis_commands(redis) - commands
+        commands_now, command_us_now = await redis_commands(redis)
+        lv.commands, lv.command_us = commands_now - commands, command_us_now - command_us
         for p in profiling:
             p.wait(30)
 
@@ -217,10 +219,13 @@ async def run_level(path: str, url: str, n: int, body: dict[str, object], pids: 
     return lv
 
 
-async def redis_commands(r: aioredis.Redis | None) -> collections.Counter[str]:
-    """Commands Redis has run so far, by name (a script's calls inside it count apart)."""
+async def redis_commands(r: aioredis.Redis | None) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """Commands Redis has run so far, and the microseconds they took, by name (a script's own
+    calls are counted apart too, and their time is in the script's)."""
     stats = await r.info("commandstats") if r is not None else {}
-    return collections.Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+    names = [(k.removeprefix("cmdstat_"), v) for k, v in stats.items()]
+    return (collections.Counter({k: int(v["calls"]) for k, v in names}),
+            collections.Counter({k: int(v["usec"]) for k, v in names}))
 
 
 def spy(out: str, name: str, pid: int, duration_s: float) -> subprocess.Popen[bytes]:
@@ -364,6 +369,8 @@ def report(rows: list[tuple[Level, Level]], args: argparse.Namespace) -> None:
               f"relay CPU per token {relay / base.cpu_per_k('server'):4.1f}x the baseline server's")
         print(f"    Redis commands per 1,000 tokens {sum(fleet.commands.values()) / max(1, fleet.tokens) * 1000:.0f}: "
               + ", ".join(f"{c} {v:.1f}" for c, v in per_k.items()))
+        print("    Redis's time (us) per 1,000 tokens, by command (a script's holds its own calls'): " + ", ".join(
+            f"{c} {v / max(1, fleet.tokens) * 1000:.0f}" for c, v in fleet.command_us.most_common(6)))
         for what, k in (fleet.errors + base.errors).most_common(3):
             print(f"    {k} x {what}")
     if rows:
