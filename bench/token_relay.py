@@ -386,6 +386,8 @@ def plan(lv: Level, args: argparse.Namespace) -> None:
     for rate in args.plan:
         print(f"  {rate:>9,} tokens/s: `fleet gateway --workers {math.ceil(rate * gw / args.busy)}`, "
               f"{math.ceil(rate * rd / args.busy)} Redis instance(s) (primaries of a cluster)")
+    print("  (a tier's keys share one hash slot: all of one tier's tokens go through one Redis primary, so "
+          f"one tier streams at most about {args.busy / rd:,.0f} tokens/s; more primaries carry more tiers)")
 
 
 def profiles(args: argparse.Namespace, rows: list[tuple[Level, Level]]) -> None:
