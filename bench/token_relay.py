@@ -14,10 +14,10 @@ Per N: streamed tokens/s delivered to callers, tokens per chunk and chunks per c
 stream, one not ending in [DONE], or a usage count that differs from the tokens read).
 
 The baseline, in the same run and at the same N: the same client reading a trivial SSE
-server (Starlette on uvicorn, as the gateway; started by this script with --serve-baseline)
-that writes the same chunks (the fleet's measured tokens per chunk, the first token alone,
-at the same step). Ratios: fleet tokens/s against the baseline's, and the fleet's CPU per
-token (gateway + workers + Redis) against the baseline server's.
+server (bench/sse_baseline.py: Starlette on uvicorn, as the gateway) that writes the same
+chunks (the fleet's measured tokens per chunk, the first token alone, at the same step).
+Ratios: fleet tokens/s against the baseline's, and the fleet's CPU per token (gateway +
+workers + Redis) against the baseline server's.
 
 From the measured costs at the N nearest 1,000: how many gateway processes
 (`fleet gateway --workers`) and Redis instances a token rate (`--plan`) needs, each kept at
@@ -54,6 +54,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import pyspy  # noqa: E402
 from bench.common import cpu_s, fleet_env, fleetctl, pct, raise_fd_limit, stop  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
@@ -82,7 +83,6 @@ tiers:
 MESSAGES = [{"role": "user", "content": "relay"}]
 CHUNK_MARK = b'"delta":{"content"'  # a chunk that carries tokens (the role chunk's delta starts with "role")
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
-PY_SPY = Path(sys.executable).parent / "py-spy"
 SETTLE_LIMIT_S = 60.0  # the longest a level's warm-up waits, past --warmup-s, for every caller's first call
 
 
@@ -202,7 +202,7 @@ async def run_level(path: str, url: str, n: int, body: dict[str, object], pids: 
         before = {g: sum(cpu_s(p) for p in ps) for g, ps in pids.items()}
         commands, command_us = await redis_commands(redis)
         w.open(args.duration_s)
-        profiling = [spy(args.profile, f"{path}-{n}-{g}", ps[0], args.duration_s)
+        profiling = [pyspy.record(ps[0], Path(args.profile) / f"{path}-{n}-{g}.txt", args.duration_s)
                      for g, ps in pids.items() if args.profile and g in ("gateway", "workers")]
         await asyncio.sleep(max(0.0, w.end - time.monotonic()))
         lv.window_s = time.monotonic() - w.start
@@ -226,74 +226,6 @@ async def redis_commands(r: aioredis.Redis | None) -> tuple[collections.Counter[
     names = [(k.removeprefix("cmdstat_"), v) for k, v in stats.items()]
     return (collections.Counter({k: int(v["calls"]) for k, v in names}),
             collections.Counter({k: int(v["usec"]) for k, v in names}))
-
-
-def spy(out: str, name: str, pid: int, duration_s: float) -> subprocess.Popen[bytes]:
-    """py-spy sampling `pid` for the window, into OUT/NAME.txt (raw: one stack and its count a line)."""
-    return subprocess.Popen([str(PY_SPY), "record", "--pid", str(pid), "--duration", str(int(duration_s)),
-                             "--format", "raw", "--nonblocking", "-o", str(Path(out) / f"{name}.txt")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def top_costs(raw: Path, top: int = 12) -> list[tuple[str, float, float]]:
-    """From a py-spy raw file: (function, share of samples on top of the stack, share anywhere in it)."""
-    own: collections.Counter[str] = collections.Counter()
-    anywhere: collections.Counter[str] = collections.Counter()
-    total = 0
-    for row in raw.read_text().splitlines():
-        stack, _, count = row.rpartition(" ")
-        if not stack:
-            continue
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]  # a function's lines merged
-        total += int(count)
-        if frames:
-            own[frames[-1]] += int(count)
-        for f in set(frames):
-            anywhere[f] += int(count)
-    return [(f, c / total, anywhere[f] / total) for f, c in own.most_common(top)] if total else []
-
-
-# --- the baseline: a trivial SSE server writing the same chunks -----------------------------------
-
-def serve_baseline(port: int) -> None:
-    """Chat chunks as the gateway writes them: the role chunk with the first token, then
-    `chunk_tokens` tokens a chunk at `step_s` a token, then the last chunk, usage and [DONE]."""
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import StreamingResponse
-    from starlette.routing import Route
-
-    words = ("line", "drain", "floor", "ceiling", "shed", "budget", "lease", "tier")
-
-    async def chat(request: Request) -> StreamingResponse:
-        body = orjson.loads(await request.body())
-        n, k, step_s = int(body["max_tokens"]), max(1, int(body["chunk_tokens"])), float(body["step_s"])
-        base = {"id": "chatcmpl-baseline", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": body["model"]}
-
-        def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            return b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
-
-        async def sse():  # type: ignore[no-untyped-def]
-            await asyncio.sleep(step_s)
-            yield chunk({"role": "assistant", "content": ""}) + chunk({"content": words[0]})
-            sent = 1
-            while sent < n:
-                m = min(k, n - sent)
-                await asyncio.sleep(step_s * m)
-                yield chunk({"content": "".join(" " + words[(sent + j) % len(words)] for j in range(m))})
-                sent += m
-            usage = {"prompt_tokens": 2, "completion_tokens": n, "total_tokens": n + 2}
-            yield (chunk({}, "length") + b"data: " + orjson.dumps({**base, "choices": [], "usage": usage})
-                   + b"\n\ndata: [DONE]\n\n")
-
-        return StreamingResponse(sse(), media_type="text/event-stream")
-
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",
-                access_log=False, backlog=4096)
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -393,12 +325,8 @@ def plan(lv: Level, args: argparse.Namespace) -> None:
 def profiles(args: argparse.Namespace, rows: list[tuple[Level, Level]]) -> None:
     for fleet, _ in rows:
         for group in ("gateway", "workers"):
-            raw = Path(args.profile) / f"fleet-{fleet.n}-{group}.txt"
-            if not raw.exists():
-                continue
-            print(f"\npy-spy, {group} at N={fleet.n} (share of its samples: on top of the stack / anywhere in it)")
-            for f, own, anywhere in top_costs(raw):
-                print(f"  {own:6.1%} {anywhere:6.1%}  {f}")
+            if (raw := Path(args.profile) / f"fleet-{fleet.n}-{group}.txt").exists():
+                pyspy.print_top(raw, f"{group} at N={fleet.n}")
 
 
 def ints(s: str) -> list[int]:
@@ -418,10 +346,7 @@ def main() -> None:
     ap.add_argument("--busy", type=float, default=0.7, help="the share of a core each process is sized to")
     ap.add_argument("--limit-s", type=float, default=900.0, help="the whole run stops after this")
     ap.add_argument("--profile", default="", help="a folder for py-spy samples of the gateway and the workers")
-    ap.add_argument("--serve-baseline", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.serve_baseline:
-        return serve_baseline(args.serve_baseline)
     if raise_fd_limit() < 2 * max(args.calls) + 512:
         sys.exit(f"the open-file limit is too low for {max(args.calls)} calls; raise it (ulimit -n)")
     if args.profile:
@@ -434,7 +359,7 @@ def main() -> None:
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     gateway = fleetctl("gateway", "--port", str(gw_port), env=env)
     workers = [fleetctl("worker", "--tier", "relay", env=env, **quiet) for _ in range(args.sim_workers)]
-    baseline = subprocess.Popen([sys.executable, __file__, "--serve-baseline", str(base_port)], cwd=ROOT)
+    baseline = subprocess.Popen([sys.executable, str(ROOT / "bench" / "sse_baseline.py"), str(base_port)], cwd=ROOT)
     procs = [gateway, *workers, baseline]
     me = [os.getpid()]
     pids = {"fleet": {"gateway": [gateway.pid], "workers": [w.pid for w in workers],
