@@ -40,6 +40,35 @@ def zero_tier(name: str, slots: int | str = 128) -> str:
 
 
 
+def paced_fleet(tier: str, *, slots: int | str, step_s: float | str, tokens: int | str, replicas: int = 1) -> str:
+    """A fleet config for many long open calls: namespace `bench`, deadlines and wait limits out
+    of the way, no cap on one client's connections, and one `sim` tier whose `replicas` cost
+    nothing but their decode step (`step_s`: every open call gets a token a step) and have KV room
+    for any number of calls of `tokens`. A value may be a `%(...)` placeholder formatted later."""
+    return f"""
+namespace: bench
+default_deadline_ms: 600000
+heartbeat_s: 1.0
+gateway: {{max_connections_per_client: 0}}
+tiers:
+  {tier}:
+    warm_floor: {replicas}
+    max_replicas: {replicas}
+    slots: {slots}
+    wait_limit_s: {{committed: 600, interactive: 600, speculative: 600, background: 600}}
+    lease_s: 30
+    sim:
+      weights_gb: 0
+      load_gb_s: 1
+      warmup_s: 0
+      prefill_tokens_per_s: 1.0e12
+      decode_step: {{base_s: {step_s}, per_seq_s: 0}}
+      kv_capacity_tokens: 1000000000
+      typical_prompt_tokens: 8
+      typical_output_tokens: {tokens}
+"""
+
+
 def bench_config(*tiers: str) -> str:
     """A fleet config (namespace `bench`, heartbeat 1 s) with these tiers' YAML under `tiers:`."""
     return "\nnamespace: bench\nheartbeat_s: 1.0\ntiers:\n" + "".join(tiers)

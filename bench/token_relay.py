@@ -27,7 +27,7 @@ the whole run at `--limit-s`.
     .venv/bin/python bench/token_relay.py [--calls 10,100,200,500,1000,2000] [--duration-s 15]
         [--warmup-s 3] [--tokens 128] [--step-ms 1] [--sim-workers 1] [--profile DIR]
 
---profile DIR also samples the gateway and the workers with py-spy (`--format raw`) during each
+--profile DIR also samples the gateway and the (first) worker with py-spy (`--format raw`) during each
 level's measured window and prints each one's top costs (share of its samples, by function).
 """
 
@@ -55,31 +55,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import pyspy  # noqa: E402
-from bench.common import cpu_s, fleet_env, fleetctl, pct, raise_fd_limit, stop  # noqa: E402
+from bench.common import cpu_s, fleet_env, fleetctl, paced_fleet, pct, raise_fd_limit, stop  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
-FLEET = """
-namespace: bench
-default_deadline_ms: 600000
-heartbeat_s: 1.0
-gateway: {max_connections_per_client: 0}
-tiers:
-  relay:
-    warm_floor: %(workers)d
-    max_replicas: %(workers)d
-    slots: %(slots)d
-    wait_limit_s: {committed: 600, interactive: 600, speculative: 600, background: 600}
-    lease_s: 30
-    sim:
-      weights_gb: 0
-      load_gb_s: 1
-      warmup_s: 0
-      prefill_tokens_per_s: 1.0e12
-      decode_step: {base_s: %(step_s)s, per_seq_s: 0}
-      kv_capacity_tokens: 1000000000
-      typical_prompt_tokens: 8
-      typical_output_tokens: %(tokens)d
-"""
 MESSAGES = [{"role": "user", "content": "relay"}]
 CHUNK_MARK = b'"delta":{"content"'  # a chunk that carries tokens (the role chunk's delta starts with "role")
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
@@ -354,8 +332,9 @@ def main() -> None:
 
     server = PrivateRedis().start()
     gw_port, base_port = free_port(), free_port()
-    env = fleet_env(FLEET % {"workers": args.sim_workers, "slots": max(args.calls) // args.sim_workers + 64,
-                             "step_s": args.step_ms / 1000, "tokens": args.tokens}, server.url)
+    config = paced_fleet("relay", slots=max(args.calls) // args.sim_workers + 64, step_s=args.step_ms / 1000,
+                         tokens=args.tokens, replicas=args.sim_workers)
+    env = fleet_env(config, server.url)
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     gateway = fleetctl("gateway", "--port", str(gw_port), env=env)
     workers = [fleetctl("worker", "--tier", "relay", env=env, **quiet) for _ in range(args.sim_workers)]
