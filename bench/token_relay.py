@@ -60,6 +60,7 @@ from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "relay"}]
 CHUNK_MARK = b'"delta":{"content"'  # a chunk that carries tokens (the role chunk's delta starts with "role")
+DATA = b"data: "  # an SSE event's mark, with a space of its own
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
 SETTLE_LIMIT_S = 60.0  # the longest a level's warm-up waits, past --warmup-s, for every caller's first call
 
@@ -128,10 +129,11 @@ async def call(s: aiohttp.ClientSession, url: str, body: bytes, lv: Level, w: Wi
                     first_at = now
                     if w.inside(t0):
                         lv.ttft.append(now - t0)
-                seen = carry + piece  # a mark split between two pieces is counted once, in the second
-                n_ch = seen.count(CHUNK_MARK)
-                n_sp = piece.count(b" ") - seen.count(b"data: ")
-                carry, tail = piece[-len(CHUNK_MARK) + 1:], (tail + piece)[-1024:]
+                # A mark split between pieces is counted once, in its last: each is looked for in this
+                # piece and the bytes before it, one fewer than the mark's.
+                n_ch = (carry + piece).count(CHUNK_MARK)
+                n_sp = piece.count(b" ") - (carry[-len(DATA) + 1:] + piece).count(DATA)
+                carry, tail = (carry + piece)[-len(CHUNK_MARK) + 1:], (tail + piece)[-1024:]
                 spaces += n_sp
                 chunks += n_ch
                 if w.inside(now):
