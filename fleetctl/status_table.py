@@ -92,6 +92,7 @@ SPEND = (  # today = the tier's budget day, as the budget governor last judged i
 
 
 GAP = 2  # characters between two columns: the tables' padding, collapsed
+UNBOUNDED = 10_000  # the room of `--wide`: every column at its natural width
 
 
 def _widths(headers: list[str], cells: list[list[str]], room: int) -> list[int] | None:
@@ -120,7 +121,8 @@ def _table(title: str, columns: Iterable[Column], rows: list[Row], room: int, wi
     while widths is None and len(shown) > 2:  # fewer columns; the tier's name stays
         shown, cells = shown[:-1], [row[:-1] for row in cells]
         widths = _widths([c.header for c in shown], cells, room)
-    widths = widths or [max([len(c.header), *(len(row[i]) for row in cells)]) for i, c in enumerate(shown)]
+    if widths is None:  # narrower than a tier's name and one column: drawn as it is, for the terminal to wrap
+        widths = _widths([c.header for c in shown], cells, UNBOUNDED) or []
     t = Table(title=title, header_style="bold", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD,
               show_edge=False, pad_edge=False, collapse_padding=True)
     for c, width in zip(shown, widths, strict=True):
@@ -137,7 +139,7 @@ def render(doc: dict[str, Any], console: Console | None = None, *, wide: bool = 
     console = console or Console()
     tiers = list(doc["tiers"].items())
     spending = [(t, s) for t, s in tiers if s.get("spend_usd") is not None]  # a tier not judged yet is left out
-    room = 10_000 if wide else console.width
+    room = UNBOUNDED if wide else console.width
     made = [_table("Fleet Gateway", TIERS, tiers, room, wide, TIERS_CAPTION)]
     if spending:
         made.append(_table("Spend", SPEND, spending, room, wide))
