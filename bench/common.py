@@ -6,7 +6,9 @@ imports this module as `bench.common`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -36,6 +38,35 @@ def zero_tier(name: str, slots: int | str = 128) -> str:
       kv_capacity_tokens: 10000000
 """
 
+
+
+def paced_fleet(tier: str, *, slots: int | str, step_s: float | str, tokens: int | str, replicas: int = 1) -> str:
+    """A fleet config for many long open calls: namespace `bench`, deadlines and wait limits out
+    of the way, no cap on one client's connections, and one `sim` tier whose `replicas` cost
+    nothing but their decode step (`step_s`: every open call gets a token a step) and have KV room
+    for any number of calls of `tokens`. A value may be a `%(...)` placeholder formatted later."""
+    return f"""
+namespace: bench
+default_deadline_ms: 600000
+heartbeat_s: 1.0
+gateway: {{max_connections_per_client: 0}}
+tiers:
+  {tier}:
+    warm_floor: {replicas}
+    max_replicas: {replicas}
+    slots: {slots}
+    wait_limit_s: {{committed: 600, interactive: 600, speculative: 600, background: 600}}
+    lease_s: 30
+    sim:
+      weights_gb: 0
+      load_gb_s: 1
+      warmup_s: 0
+      prefill_tokens_per_s: 1.0e12
+      decode_step: {{base_s: {step_s}, per_seq_s: 0}}
+      kv_capacity_tokens: 1000000000
+      typical_prompt_tokens: 8
+      typical_output_tokens: {tokens}
+"""
 
 
 def bench_config(*tiers: str) -> str:
@@ -76,3 +107,11 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def raise_fd_limit() -> int:
+    """Each open call is a socket in this process and in the gateway: raise the soft limit to the hard one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

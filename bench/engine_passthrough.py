@@ -16,6 +16,10 @@ first delta from the engine; the first content chunk through the gateway). The g
 gateway throughput of at least 95% of the engine's own. CPU seconds by process show where
 the difference goes: on a CPU-only box the fleet's processes share the cores the engine
 computes on, which a GPU box (the forward pass on the GPU, spare host cores) does not.
+
+So CPU microseconds per streamed token are reported by process too. All but the engine
+core's stay on a GPU box's host: a CPU box's run gives the host's cost per token on either
+path, and the fleet's own share (through the fleet less vLLM alone) against vLLM's front end.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from fleet.store.keys import TierKeys  # noqa: E402
 MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
             {"role": "user", "content": "Summarise the state of the order book in one line."}]
 KV_BYTES = 256 * 1024 * 1024
+ENGINE_CORE = "engine core"  # vLLM's engine core and its workers: the part a GPU box runs on the GPU
 MAX_MODEL_LEN = 2048
 
 FLEET_YAML = """
@@ -239,9 +244,9 @@ async def bench(model: Path, work: Path, args: argparse.Namespace) -> list[tuple
     try:
         print(f"worker ready (cold start {await wait_ready(server.url, procs):.1f} s)", flush=True)
         worker, worker_engine = family(procs[1].pid)
-        direct_procs = {"bench (client, vLLM front end)": own, "engine core": engine_core}
+        direct_procs = {"bench (client, vLLM front end)": own, ENGINE_CORE: engine_core}
         fleet_procs = {"client": own, "gateway": [procs[0].pid], "redis": [server.proc.pid],
-                       "worker (vLLM front end)": worker, "engine core": worker_engine}
+                       "worker (vLLM front end)": worker, ENGINE_CORE: worker_engine}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency),
                                          timeout=aiohttp.ClientTimeout(total=600)) as session:
             direct = engine_caller(engine, args.tokens)
@@ -272,12 +277,15 @@ def report(rounds: list[tuple[Run, Run]]) -> None:
             print(f"{r.name:<10}{i + 1:>6}{len(r.ttft_s):>9}{r.tokens:>8}{r.wall_s:>8.2f}{r.tokens_per_s:>10.0f}"
                   f"{r.ttft(0.5) * 1e3:>13.1f}{r.ttft(0.9) * 1e3:>13.1f}")
     print()
+    per_token = {}
     for name, k in (("engine", 0), ("gateway", 1)):
         runs = [pair[k] for pair in rounds]
         keys = runs[0].cpu_s
         cpu = {key: statistics.fmean(r.cpu_s[key] for r in runs) for key in keys}
+        per_token[name] = {key: sum(r.cpu_s[key] for r in runs) / sum(r.tokens for r in runs) * 1e6 for key in keys}
         print(f"{name} CPU seconds a round: " + ", ".join(f"{key} {v:.2f}" for key, v in cpu.items())
               + f" (total {sum(cpu.values()):.2f})")
+    host_share(per_token)
     ratios = [g.tokens_per_s / e.tokens_per_s for e, g in rounds]
     e_tps = statistics.median(e.tokens_per_s for e, _ in rounds)
     g_tps = statistics.median(g.tokens_per_s for _, g in rounds)
@@ -288,6 +296,24 @@ def report(rounds: list[tuple[Run, Run]]) -> None:
     print(f"through the gateway: {statistics.median(ratios):.1%} of the engine's own throughput "
           f"(rounds: {', '.join(f'{x:.1%}' for x in ratios)}; goal >= 95%); "
           f"TTFT p50 {(ttft_g - ttft_e) * 1e3:+.1f} ms")
+
+
+def host_share(per_token: dict[str, dict[str, float]]) -> None:
+    """CPU microseconds per streamed token by process, and what stays on a GPU box's host.
+
+    On a GPU box the engine core's forward pass runs on the GPU; what every other process
+    spends per token stays on the host's cores. So a CPU box's run gives the host's cost per
+    token, and the cores a token rate needs, for each path."""
+    print("\nCPU us per streamed token, by process:")
+    for name, costs in per_token.items():
+        print(f"  {name:<8} " + ", ".join(f"{key} {v:.0f}" for key, v in costs.items()))
+    outside = {name: sum(v for key, v in costs.items() if key != ENGINE_CORE) for name, costs in per_token.items()}
+    alone, fleet = outside["engine"], outside["gateway"]
+    print(f"outside the engine core: vLLM alone {alone:.0f} us a token (its front end), through the fleet "
+          f"{fleet:.0f} us; the fleet's own share {fleet - alone:.0f} us, {(fleet - alone) / alone:.1f}x vLLM's "
+          f"front end (goal <= 2x)")
+    print(f"  on a GPU box streaming 10,000 tokens/s, the host's cores needed: vLLM alone {alone * 0.01:.2f}, "
+          f"through the fleet {fleet * 0.01:.2f} (client and Redis included)")
 
 
 def main() -> None:

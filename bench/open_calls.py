@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
-import resource
 import subprocess
 import sys
 import time
@@ -37,31 +35,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import fleet_env, fleetctl, pct, stop, zero_tier  # noqa: E402
+from bench.common import fleet_env, fleetctl, paced_fleet, pct, raise_fd_limit, stop, zero_tier  # noqa: E402
 from fleet.redis_server import PrivateRedis, free_port  # noqa: E402
 
-FLEET = """
-namespace: bench
-default_deadline_ms: 600000
-heartbeat_s: 1.0
-gateway: {max_connections_per_client: 0}
-tiers:
-  slow:
-    warm_floor: 1
-    max_replicas: 1
-    slots: %(slots)d
-    wait_limit_s: {committed: 600, interactive: 600, speculative: 600, background: 600}
-    lease_s: 30
-    sim:
-      weights_gb: 0
-      load_gb_s: 1
-      warmup_s: 0
-      prefill_tokens_per_s: 1.0e12
-      decode_step: {base_s: %(token_s)s, per_seq_s: 0}
-      kv_capacity_tokens: 100000000
-      typical_prompt_tokens: 8
-      typical_output_tokens: %(tokens)d
-""" + zero_tier("fast", slots=16)
+FLEET = paced_fleet("slow", slots="%(slots)d", step_s="%(token_s)s", tokens="%(tokens)d") + zero_tier("fast", slots=16)
 
 
 def rss_kb(pid: int) -> int:
@@ -69,14 +46,6 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def raise_fd_limit() -> int:
-    """Each open call is a socket in this process and in the gateway: raise the soft limit to the hard one."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class Run:

@@ -129,10 +129,11 @@ def up(host: str, port: int, config_path: str | None, engine_name: str | None) -
 @click.option("--url", default=lambda: os.environ.get("FLEET_URL", "http://127.0.0.1:8000"),
               show_default="http://127.0.0.1:8000", help="The gateway.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status document.")
+@click.option("--wide", is_flag=True, help="Every column (the table then runs past 80 columns).")
 @click.option("--api-key", default=lambda: os.environ.get("FLEET_API_KEY", ""), show_default="$FLEET_API_KEY",
               help="A key with read_status (or admin), where the gateway has keys.")
-def status(url: str, as_json: bool, api_key: str) -> None:
-    """The fleet's status table: line, drain time, replicas, per tier."""
+def status(url: str, as_json: bool, wide: bool, api_key: str) -> None:
+    """The fleet's status table: line, drain time, replicas, per tier (80 columns; --wide for all)."""
     import httpx
 
     from fleetctl.status_table import render
@@ -152,7 +153,7 @@ def status(url: str, as_json: bool, api_key: str) -> None:
 
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
-        render(doc)
+        render(doc, wide=wide)
 
 
 @main.command()
