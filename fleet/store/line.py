@@ -14,7 +14,10 @@ Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
   would re-run long jobs); a reaper requeues what expired.
 - `req:<id>` HASH, the request and its state. `state` moves queued -> running
   -> done, and only `finish` sets done, once: that is what makes every
-  accepted request end in exactly one outcome.
+  accepted request end in exactly one outcome. Wherever a request ends
+  (FINISH, an expiry in CLAIM, a loss in REAP) its payload goes at once: the
+  hash keeps state, outcome, owner, attempt, class, chain and timing (~250 B)
+  for `result_ttl_s`, what a late finish or a caller still reading needs.
 - A full replica may preempt a running request of a lower class for one
   waiting above it (PREEMPT): the victim goes back with its own score and its
   lease ends; the waiter gets a `pmark` (when), so no other replica preempts

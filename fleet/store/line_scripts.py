@@ -39,6 +39,25 @@ local function emit(res, field, value, ttl)
   redis.call('XADD', res, '*', field, value)
   redis.call('EXPIRE', res, ttl)
 end
+-- A request that ends keeps only what the exactly-once and late-finish rules read (state,
+-- outcome, owner, attempt, timing), and its class and chain for an operator: the payload,
+-- which can be a whole agent context, and the line bookkeeping go now, not at the TTL. The
+-- hash is written afresh rather than trimmed with HDEL: a hash that once held a large field
+-- keeps Redis's large encoding (~750 B for these few fields), a new one is packed (~150 B).
+local KEPT = {'owner', 'attempt', 'priority', 'chain', 'deadline', 'enq', 'claimed', 'streamed', 'preempted'}
+local function retire(req, outcome, ttl)
+  local f = redis.call('HMGET', req, unpack(KEPT))
+  local kept = {'state', 'done', 'outcome', outcome}
+  for i, name in ipairs(KEPT) do
+    if f[i] and f[i] ~= '' then
+      kept[#kept + 1] = name
+      kept[#kept + 1] = f[i]
+    end
+  end
+  redis.call('DEL', req)
+  redis.call('HSET', req, unpack(kept))
+  redis.call('EXPIRE', req, ttl)
+end
 """
 
 # KEYS: line seq bell counters arrivals req [admitting]
@@ -110,7 +129,7 @@ while #out < n and pops < 4 * n + 16 do
   elseif f[1] == 'queued' then
     if tonumber(f[2]) <= now then
       -- A request whose deadline passed in the line never reaches an engine.
-      redis.call('HSET', req, 'state', 'done', 'outcome', 'expired')
+      retire(req, 'expired', tonumber(ARGV[5]))
       redis.call('HINCRBY', KEYS[3], 'expired', 1)
       emit(ARGV[4] .. 'res:' .. rid, 'f', """ + lua_literal(EXPIRED_IN_LINE) + """, tonumber(ARGV[5]))
     else
@@ -154,8 +173,7 @@ if not f[1] or f[1] == 'done' then return '' end
 if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return '' end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[5], 'state', 'done', 'outcome', ARGV[2])
-redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+retire(KEYS[5], ARGV[2], tonumber(ARGV[5]))
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 if ARGV[2] == 'completed' then
   redis.call('ZADD', KEYS[4], n2s(now), ARGV[1])
@@ -218,12 +236,12 @@ for _, rid in ipairs(expired) do
     local res = ARGV[1] .. 'res:' .. rid
     if f[2] == '1' then
       -- Tokens already reached the caller: a rerun would duplicate them.
-      redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
+      retire(req, 'failed', tonumber(ARGV[3]))
       redis.call('HINCRBY', KEYS[3], 'failed', 1)
       emit(res, 'f', """ + lua_literal(WORKER_LOST) + """, tonumber(ARGV[3]))
       lost = lost + 1
     elseif tonumber(f[3]) >= tonumber(ARGV[2]) then
-      redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
+      retire(req, 'failed', tonumber(ARGV[3]))
       redis.call('HINCRBY', KEYS[3], 'failed', 1)
       redis.call('LPUSH', KEYS[5], rid)
       redis.call('LTRIM', KEYS[5], 0, 999)
