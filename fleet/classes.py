@@ -42,9 +42,14 @@ class Preemption(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # as every config section: a typo is named, not ignored
 
-    enabled: bool = False
-    max_preemptions: int = Field(1, ge=0)  # per request; after that it runs to the end, so nothing starves
-    min_wait_ms: int = Field(10, ge=0)  # a waiter this young may still be claimed by a replica with a free slot
+    # On by default: "committed is served" must hold for a config that never mentions preemption.
+    enabled: bool = True
+    # Per request; after that it runs to the end, so nothing starves. Two, not one: a steady
+    # flow of committed calls would otherwise soon find every background request at its limit.
+    max_preemptions: int = Field(2, ge=0)
+    # A waiter this young may still be claimed by a replica with a free slot (a claim takes a few
+    # ms; 25 leaves room for a loaded box without a needless preemption, and costs a TTFT of 25 ms).
+    min_wait_ms: int = Field(25, ge=0)
     poll_ms: int = Field(20, gt=0)  # how often a full replica looks for a higher class waiting
     reserved_slots: dict[str, int] = Field(default_factory=dict)  # per replica, kept for this class and above
 
