@@ -193,6 +193,9 @@ class GatewayEdge(_Strict):
     # as soon as any key exists, in the config or in Redis; `required` always; `open` never.
     status_auth: Literal["auto", "required", "open"] = "auto"
     max_prewarm_s: float = Field(6 * 3600, gt=0)  # the longest POST /v1/fleet/prewarm may raise a floor
+    # With no API keys, a gateway listening beyond loopback serves completions only if this says so
+    # (with a warning); admin endpoints never without an admin key (gateway/auth.py).
+    open: bool = False
 
 
 class ApiKey(_Strict):
