@@ -57,3 +57,27 @@ class Preemption(BaseModel):
     @classmethod
     def _known(cls, v: dict[str, int]) -> dict[str, int]:
         return {k: int(n) for k, n in per_class_positive(v, "reserved slots").items()}  # type: ignore[arg-type]
+
+
+class Replication(BaseModel):
+    """`replication:` of the config: a call is acknowledged to its caller only once a replica of
+    its Redis has it (`WAIT`, `fleet.store.replication`), where that Redis has replicas at all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Replicas that must hold an enqueue before the call goes on; 0 never waits.
+    ack_replicas: int = Field(1, ge=0)
+    # The longest an enqueue waits for them; past it the call is served anyway (and counted).
+    ack_timeout_ms: int = Field(100, gt=0)
+    ack_classes: list[str] = Field(default_factory=lambda: list(CLASSES))  # the classes that wait
+
+    @field_validator("ack_classes")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in CLASSES:
+                raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
+        return v
+
+    def waits(self, priority: str) -> bool:
+        return self.ack_replicas > 0 and priority in self.ack_classes

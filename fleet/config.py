@@ -23,7 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleet.classes import CLASSES, Preemption, Priority, per_class_positive
+from fleet.classes import CLASSES, Preemption, Priority, Replication, per_class_positive
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -264,6 +264,7 @@ class FleetConfig(BaseSettings):
     tiers: dict[str, TierConfig]
     keys: list[ApiKey] = Field(default_factory=list)
     gateway: GatewayEdge = Field(default_factory=GatewayEdge)
+    replication: Replication = Field(default_factory=Replication)  # enqueues a replica acknowledged
     gpus: list[GpuInventory] = Field(default_factory=list)
 
     @classmethod
