@@ -54,7 +54,7 @@ NAMESPACE = "bench"
 # Commands Lua scripts run inside; shown apart from what the parts send themselves.
 IN_SCRIPTS = {"time", "incr", "hset", "hmget", "hget", "pexpire", "expire", "zadd", "zrem", "zpopmin", "lpush",
               "ltrim", "hincrby", "zremrangebyscore", "zcount", "zrangebyscore", "zcard", "hgetall", "xadd",
-              "publish", "hsetnx", "hdel", "get", "set"}
+              "publish", "hsetnx", "hdel", "get", "set", "del", "pttl", "zrange", "exists"}
 
 
 def commandstats(nodes: list[redis.Redis]) -> dict[str, int]:
