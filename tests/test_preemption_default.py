@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from fleet.config import DEFAULT_CONFIG, Priority, load_config
 from fleet.store.line import Line
-from tests.harness import Fleet, wait_until
+from tests.harness import Fleet, call_payload, wait_until
 
 CALLS = 6  # committed calls per phase, in pairs: one takes the reserved slot, the other preempts
 COMMITTED_TOKENS = 64  # long enough that the first of a pair still holds the reserved slot
@@ -81,8 +81,7 @@ def _fill(f: Fleet, tier: str, slots: int) -> None:
     async def go() -> None:
         r = Redis.from_url(f.redis_url)
         line = Line(r, f.namespace, tier)
-        payload = orjson.dumps({"kind": "completion", "prompt": "summarise the day", "max_tokens": 4000,
-                                "ignore_eos": True, "stream": False})
+        payload = call_payload("summarise the day", 4000, ignore_eos=True)
         for _ in range(slots):
             await line.enqueue(uuid.uuid4().hex, Priority.background, payload, 600_000)
         await r.aclose()

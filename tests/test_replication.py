@@ -9,7 +9,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-import orjson
 import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
@@ -18,7 +17,7 @@ from fleet.config import Priority, load_config
 from fleet.redis_server import PrivateRedis
 from fleet.store.line import Line
 from fleet.store.replication import Ack
-from tests.harness import TEST_CONFIG, wait_until
+from tests.harness import TEST_CONFIG, call_payload, wait_until
 
 ACK = Ack(replicas=1, timeout_ms=300)
 
@@ -47,7 +46,7 @@ async def line(pair: tuple[PrivateRedis, PrivateRedis]) -> AsyncIterator[Line]:
 async def _enqueue(line: Line, ack: Ack | None) -> tuple[str, float]:
     rid = uuid.uuid4().hex
     t0 = time.monotonic()
-    await line.enqueue(rid, Priority.committed, orjson.dumps({"kind": "completion", "prompt": "x"}), 30_000, ack=ack)
+    await line.enqueue(rid, Priority.committed, call_payload("x"), 30_000, ack=ack)
     return rid, time.monotonic() - t0
 
 
