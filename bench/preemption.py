@@ -9,7 +9,13 @@ TTFT is the caller's: from joining the line to the first token in its result str
 Every background call must still complete, with its exact token count.
 
     .venv/bin/python bench/preemption.py [--calls 20] [--gap 1] [--slots 4] [--bg-tokens 512]
-        [--max-preemptions 3] [--time-scale 1]
+        [--max-preemptions 3] [--time-scale 1] [--shipped] [--burst 1]
+
+--shipped takes the planner of configs/fleet.yaml as it ships (its slots, decode step and
+preemption settings, reserved slot included; only the model load is skipped) for the run with
+preemption, and the same tier with preemption off and no reserved slot (the old default) for
+the run without. --burst 2 sends committed calls two at once: with one slot reserved, the
+second must preempt.
 
 Goal (issue 16): with the slots full, committed p99 <= 2 x its p99 on an idle replica.
 """
@@ -30,7 +36,16 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fleet.config import DecodeStep, FleetConfig, Preemption, Priority, SimProfile, TierConfig  # noqa: E402
+from fleet.config import (  # noqa: E402
+    DEFAULT_CONFIG,
+    DecodeStep,
+    FleetConfig,
+    Preemption,
+    Priority,
+    SimProfile,
+    TierConfig,
+    load_config,
+)
 from fleet.redis_server import PrivateRedis  # noqa: E402
 from fleet.store.events import Chunk, Done, Failed  # noqa: E402
 from fleet.store.line import Line  # noqa: E402
@@ -39,6 +54,15 @@ from workers.engines.sim import SimEngine  # noqa: E402
 from workers.worker import Worker  # noqa: E402
 
 TIER = "planner"
+
+
+def shipped_config(preempt: bool) -> FleetConfig:
+    """The shipped planner, its model load skipped; with its own preemption settings, or none at all."""
+    tc = load_config(DEFAULT_CONFIG).tiers[TIER].model_copy(deep=True)
+    tc.sim.weights_gb, tc.sim.warmup_s = 0, 0
+    if not preempt:
+        tc.preemption = Preemption(enabled=False)
+    return FleetConfig(namespace=f"bench{uuid.uuid4().hex[:6]}", tiers={TIER: tc}, heartbeat_s=1.0)
 
 
 def fleet_config(slots: int, preempt: bool, max_preemptions: int) -> FleetConfig:
@@ -71,9 +95,12 @@ async def call(line: Line, prio: Priority, max_tokens: int, stream: bool) -> tup
 
 
 async def phase(url: str, *, slots: int, preempt: bool, background: bool, bg_tokens: int, calls: int,
-                gap_s: float, time_scale: float, max_preemptions: int) -> tuple[list[float], int, int, int]:
+                gap_s: float, time_scale: float, max_preemptions: int, shipped: bool = False,
+                burst: int = 1) -> tuple[list[float], int, int, int]:
     """Committed TTFTs, background calls (completed with exact tokens, in all) and preemptions, for one phase."""
-    cfg = fleet_config(slots, preempt, max_preemptions)
+    cfg = shipped_config(preempt) if shipped else fleet_config(slots, preempt, max_preemptions)
+    slots = cfg.tiers[TIER].slots
+    held = slots - cfg.tiers[TIER].preemption.reserved_slots.get("committed", 0)  # what background may hold
     redis = Redis.from_url(url)
     line = Line(redis, cfg.namespace, TIER, result_ttl_s=600)
     worker = Worker(cfg, TIER, SimEngine(cfg.tiers[TIER].sim, time_scale=time_scale), redis)
@@ -94,14 +121,14 @@ async def phase(url: str, *, slots: int, preempt: bool, background: bool, bg_tok
     if background:
         feeding.set()
         feeder = asyncio.create_task(feed())
-        while (await line.observe()).inflight < slots:  # noqa: ASYNC110 (Redis is polled)
+        while (await line.observe()).inflight < held:  # noqa: ASYNC110 (Redis is polled)
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.5 * time_scale)
     ttfts: list[float] = []
-    for _ in range(calls):
-        ttft, ct = await call(line, Priority.committed, 16, True)
-        assert ct == 16
-        ttfts.append(ttft)
+    for _ in range(0, calls, burst):
+        for ttft, ct in await asyncio.gather(*(call(line, Priority.committed, 16, True) for _ in range(burst))):
+            assert ct == 16
+            ttfts.append(ttft)
         await asyncio.sleep(gap_s * time_scale)
     if background:
         feeding.clear()
@@ -127,19 +154,24 @@ async def main() -> None:
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between committed calls")
     ap.add_argument("--time-scale", type=float, default=1.0, help="< 1 runs the sim engine faster than life")
     ap.add_argument("--max-preemptions", type=int, default=3)
+    ap.add_argument("--shipped", action="store_true", help="the planner of configs/fleet.yaml as it ships")
+    ap.add_argument("--burst", type=int, default=1, help="committed calls sent at once, every --gap")
     a = ap.parse_args()
     server = PrivateRedis().start()
     try:
         common = {"slots": a.slots, "bg_tokens": a.bg_tokens, "calls": a.calls, "gap_s": a.gap,
-                  "time_scale": a.time_scale, "max_preemptions": a.max_preemptions}
+                  "time_scale": a.time_scale, "max_preemptions": a.max_preemptions, "shipped": a.shipped,
+                  "burst": a.burst}
         idle, _, _, _ = await phase(server.url, preempt=False, background=False, **common)
         off, off_ok, off_n, _ = await phase(server.url, preempt=False, background=True, **common)
         on, on_ok, on_n, n = await phase(server.url, preempt=True, background=True, **common)
     finally:
         server.stop()
     base = pct(idle, 0.99)
-    print(f"committed TTFT over {a.calls} calls, {a.slots} slots full of {a.bg_tokens}-token background work "
-          f"(max_preemptions {a.max_preemptions}, time scale {a.time_scale:g})")
+    what = ("the shipped planner (configs/fleet.yaml)" if a.shipped
+            else f"{a.slots} slots, max_preemptions {a.max_preemptions}")
+    print(f"committed TTFT over {a.calls} calls, every slot full of {a.bg_tokens}-token background work "
+          f"({what}, time scale {a.time_scale:g})")
     print(f"{'phase':<22}{'p50 ms':>10}{'p99 ms':>10}{'p99 / idle p99':>16}")
     for name, xs in (("idle replica", idle), ("full, no preemption", off), ("full, preemption", on)):
         print(f"{name:<22}{statistics.median(xs) * 1000:>10.1f}{pct(xs, 0.99) * 1000:>10.1f}"

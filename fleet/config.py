@@ -23,7 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleet.classes import CLASSES, Preemption, Priority, per_class_positive
+from fleet.classes import CLASSES, Preemption, Priority, Replication, per_class_positive
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -193,6 +193,9 @@ class GatewayEdge(_Strict):
     # as soon as any key exists, in the config or in Redis; `required` always; `open` never.
     status_auth: Literal["auto", "required", "open"] = "auto"
     max_prewarm_s: float = Field(6 * 3600, gt=0)  # the longest POST /v1/fleet/prewarm may raise a floor
+    # With no API keys, a gateway listening beyond loopback serves completions only if this says so
+    # (with a warning); admin endpoints never without an admin key (gateway/auth.py).
+    open: bool = False
 
 
 class ApiKey(_Strict):
@@ -261,6 +264,7 @@ class FleetConfig(BaseSettings):
     tiers: dict[str, TierConfig]
     keys: list[ApiKey] = Field(default_factory=list)
     gateway: GatewayEdge = Field(default_factory=GatewayEdge)
+    replication: Replication = Field(default_factory=Replication)  # enqueues a replica acknowledged
     gpus: list[GpuInventory] = Field(default_factory=list)
 
     @classmethod

@@ -26,6 +26,8 @@ QUEUE_WAIT = Histogram("fleet_queue_wait_seconds", "Time spent in the line befor
 # Fed by the gateway from the line's counters (exact, fleet-wide), by the victim's class.
 PREEMPTIONS = Counter("fleet_preemptions", "Running requests put back in the line for a higher class (preempted).",
                       ["tier", "class"])
+ENQUEUE_UNREPLICATED = Counter("fleet_enqueue_unreplicated", "Enqueues that no replica of the Redis acknowledged "
+                               "within replication.ack_timeout_ms (the call was served anyway).", ["tier"])
 TOKENS = Counter("fleet_tokens", "Tokens served, by kind (prompt, completion).", ["tier", "kind"])
 
 LINE_LENGTH = Gauge("fleet_line_length", "Requests waiting in the line, by class.", ["tier", "priority"])

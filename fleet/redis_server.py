@@ -52,6 +52,8 @@ class PrivateRedis:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     dir: str = ""
+    replica_of: int | None = None  # a replica of the server on this loopback port (tests, benches)
+    persist: bool = False  # keep every write (AOF, fsync always) in `dir`: a restart on it loads them
 
     @property
     def url(self) -> str:
@@ -61,10 +63,12 @@ class PrivateRedis:
         exe = shutil.which("redis-server")
         if not exe:
             raise NoRedis(HOW_TO_GET_ONE)
-        self.dir = tempfile.mkdtemp(prefix="fleet-redis-")
+        self.dir = self.dir or tempfile.mkdtemp(prefix="fleet-redis-")
+        aof = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else ["--appendonly", "no"]
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--maxclients", "10000"],
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
+             "--dir", self.dir, "--maxclients", "10000",
+             *(["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -75,14 +79,16 @@ class PrivateRedis:
             time.sleep(0.05)
         raise NoRedis(f"redis-server did not answer on port {self.port} within {timeout:.0f}s")
 
-    def stop(self) -> None:
+    def stop(self, keep_data: bool = False) -> None:
+        """Stop the server; its folder goes too unless `keep_data` (to start it again on the same)."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep_data:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def resolve_redis() -> tuple[str, PrivateRedis | None]:

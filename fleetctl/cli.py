@@ -60,9 +60,12 @@ def main() -> None:
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option("--workers", "processes", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Gateway processes sharing --port (SO_REUSEPORT); process i serves --metrics-port + i.")
+@click.option("--admin-key-on-first-start", "first_admin_key", is_flag=True,
+              help="With no admin key in the config or in Redis, make one (FLEET_ADMIN_KEY, else a new secret "
+                   "printed once) before serving.")
 @click.option("--verbose", is_flag=True)
 def gateway(host: str, port: int, config_path: str | None, metrics_port: int | None, metrics_host: str,
-            processes: int, verbose: bool) -> None:
+            processes: int, first_admin_key: bool, verbose: bool) -> None:
     """Run the gateway alone (REDIS_URL names the Redis)."""
     from gateway.app import create_app
     from gateway.server import serve
@@ -72,6 +75,10 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
     if metrics_port is not None and port in range(metrics_port, metrics_port + processes):
         raise click.BadParameter("must differ from --port", param_hint="--metrics-port")
     url = _redis_url()
+    if first_admin_key:
+        from fleetctl.admin_key import ensure_admin_key
+
+        ensure_admin_key(cfg, url)
     try:
         if processes > 1:
             from gateway.processes import serve_processes
@@ -298,12 +305,12 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
              tpm: int | None, budget_usd: float | None, admin: bool, read_status: bool) -> None:
     """Create a key; its secret is printed once and only its sha256 is stored."""
     import hashlib
-    import secrets
 
     from fleet.store.api_keys import KeyExists, add_stored_key
+    from fleetctl.admin_key import new_secret
 
     cfg = _config(None)
-    secret = "fk-" + secrets.token_urlsafe(32)
+    secret = new_secret()
     key = _key_or_exit(cfg, name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
                        tiers=[t.strip() for t in tiers.split(",")] if tiers is not None else None,
                        default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,

@@ -2,13 +2,15 @@
 
 The scaler and its supervisor start each tier at its warm floor and then size
 it on its line. Shows progress while replicas pay their cold start, then
-prints a first call. Ctrl-C drains everything: workers finish what they
-hold, then exit.
+prints a first call. Ctrl-C or SIGTERM drains everything: workers finish
+what they hold, then exit. Nothing else stops it but a part exiting on its
+own: a Redis that fails meanwhile is said and waited for, as every part does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +18,8 @@ import sys
 import time
 
 import click
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from fleet.config import FleetConfig
 from fleet.redis_server import NoRedis, resolve_redis
@@ -28,34 +32,70 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "fleetctl", *args], env=env)
 
 
+class Progress:
+    """Start-up progress: each tier's ready replicas against its floor, said when it changes.
+
+    A Redis error here is a dependency's fault, not the fleet's: the gateway, the scaler and the
+    workers each ride through one, so this display must too. It says so once, keeps asking, and
+    says when Redis answers again; it never ends the fleet."""
+
+    def __init__(self, cfg: FleetConfig, want: dict[str, int]) -> None:
+        self.cfg, self.want = cfg, want
+        self.t0 = time.monotonic()
+        self.last = ""
+        self.away: str | None = None  # the error Redis last answered with, while it is away
+
+    def say(self, what: str, *, err: bool = False) -> None:
+        click.echo(f"[{time.monotonic() - self.t0:5.1f}s] {what}", err=err)
+
+    async def poll(self, redis: Redis) -> bool:
+        """One look at every tier; True once each has its floor ready. Redis away: False, said once."""
+        try:
+            parts, done = [], True
+            for tier, n in self.want.items():
+                beats = await read_heartbeats(redis, TierKeys(self.cfg.namespace, tier), self.cfg.heartbeat_s)
+                states = count_by_state(beats)
+                parts.append(f"{tier} {states['ready']}/{n} ready"
+                             + (f" ({states['starting']} starting)" if states["starting"] else ""))
+                done &= states["ready"] >= n
+        except (RedisError, OSError) as e:
+            if self.away is None:
+                self.say(f"fleet: Redis does not answer ({type(e).__name__}: {e}); the parts ride through it, "
+                         "still waiting", err=True)
+            self.away = type(e).__name__
+            return False
+        if self.away is not None:
+            self.away = None
+            self.say("fleet: Redis answers again")
+        msg = ", ".join(parts)
+        if msg != self.last:
+            self.say(msg)
+            self.last = msg
+        return done
+
+
 async def _progress(cfg: FleetConfig, url: str, want: dict[str, int], procs: list[subprocess.Popen[bytes]],
                     limit_s: float = 600) -> bool:
-    """Print each tier's ready replicas against its floor until all are up (True), a part exits
-    or the limit passes (False)."""
+    """Show each tier's ready replicas against its floor until all are up (True), or a part exits
+    (False). Past `limit_s` it says so and returns True: the fleet serves what it has, as it would
+    if Redis or a cold start is slow, and only Ctrl-C, SIGTERM or a part exiting stops it."""
     redis = connect(url, "calls", name="fleet-up")
+    shown = Progress(cfg, want)
     try:
-        t0 = time.monotonic()
-        last = ""
-        while time.monotonic() - t0 < limit_s:
-            parts, done = [], True
-            for tier, n in want.items():
-                states = count_by_state(await read_heartbeats(redis, TierKeys(cfg.namespace, tier), cfg.heartbeat_s))
-                parts.append(f"{tier} {states['ready']}/{n} ready" + (f" ({states['starting']} starting)"
-                                                                     if states["starting"] else ""))
-                done &= states["ready"] >= n
-            msg = f"[{time.monotonic() - t0:5.1f}s] " + ", ".join(parts)
-            if msg.split("] ")[1] != last:
-                click.echo(msg)
-                last = msg.split("] ")[1]
-            if done:
+        while True:
+            if await shown.poll(redis):
                 return True
             if any(p.poll() is not None for p in procs):
                 click.echo("fleet: a part exited during start-up; see its output above", err=True)
                 return False
+            if time.monotonic() - shown.t0 > limit_s:
+                shown.say(f"fleet: not every tier reached its floor within {limit_s:.0f} s; serving meanwhile "
+                          "(`fleet status` shows each tier)", err=True)
+                return True
             await asyncio.sleep(0.5)
-        return False
     finally:
-        await redis.aclose()
+        with contextlib.suppress(RedisError, OSError):
+            await redis.aclose()
 
 
 def _interrupt(*_: object) -> None:

@@ -48,9 +48,11 @@ from fleet.store.capacity import read_calibration
 from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
+from fleet.store.replication import Ack
 from fleet.tasks import cancel_and_wait, spawn
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
+from gateway.redis_loss import caller_id
 from gateway.tickets import (
     AdmissionRequest,
     Reservation,
@@ -81,6 +83,8 @@ class Admission:
         self.cfg = cfg
         self.redis = redis
         self.lines = lines
+        for line in lines.values():  # what joins them is recorded as this process's to answer for
+            line.caller = caller_id()
         self.keys = {t: TierKeys(cfg.namespace, t) for t in cfg.tiers}
         # Steps run in order before the tier decision; each may refuse.
         self.steps: list[ReservationStep] = [RateLimitStep(cfg, redis), KeyBudgetStep(cfg, redis)]
@@ -163,4 +167,6 @@ class Admission:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)
             raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s)
-        return Ticket(req, self.redis, k.admitting, member, k.request(req.rid))
+        rep = self.cfg.replication
+        ack = Ack(rep.ack_replicas, rep.ack_timeout_ms) if rep.waits(req.priority.name) else None
+        return Ticket(req, self.redis, k.admitting, member, k.request(req.rid), ack)

@@ -5,15 +5,23 @@ SECRET`), or in Redis, where `fleet keys add` puts them at run time and every
 gateway picks them up within a heartbeat (revocation likewise). A presented
 Bearer token is hashed and compared with every known digest with
 `hmac.compare_digest`, with no early exit, so the time taken says nothing
-about how close a guess was. With no keys anywhere the gateway runs open
-(everyone may do everything) and says so.
+about how close a guess was.
+
+With no keys anywhere, what a gateway allows depends on where it listens
+(`Exposure`, set by `gateway.server`): on loopback it runs open (everyone on
+this machine may do everything, so `make up` needs no key); beyond loopback
+(0.0.0.0, a LAN address) it serves completions only with `gateway.open: true`,
+and admin endpoints and fleet state never without a key: a stranger who can
+reach the port must not steer the fleet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
+import socket
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -91,8 +99,9 @@ class KeyRing:
     def from_config(cls, cfg: FleetConfig) -> KeyRing:
         ring = cls(cfg.keys)
         if ring.open:
-            log.warning("no API keys configured: the gateway runs OPEN (any caller, any tier, any class, "
-                        "admin endpoints included); add `keys:` to the config to close it")
+            log.warning("no API keys configured: on loopback the gateway runs OPEN (any caller, any tier, any "
+                        "class, admin endpoints included); beyond loopback it serves calls only with gateway.open: "
+                        "true and admin endpoints never; add `keys:` or `fleet keys add` to close it")
         else:
             log.info("%d API keys configured; calls need `Authorization: Bearer <key>`", len(ring.keys))
         return ring
@@ -140,13 +149,56 @@ def keyring(request: Request) -> KeyRing:
     return ring
 
 
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Where the gateway listens, as `gateway.server` sets it on the app (`app.state.exposure`)."""
+
+    beyond_loopback: bool  # anyone who can route to this machine may reach it
+    open: bool = False  # gateway.open: with no keys, serve completions even so
+
+
+def beyond_loopback(host: str) -> bool:
+    """Whether a listening address reaches past this machine: 0.0.0.0, ::, a LAN address, or a
+    name that resolves to one. A name that does not resolve counts as reachable (the safe side)."""
+    try:
+        addrs = {ipaddress.ip_address(host.strip("[]"))}
+    except ValueError:
+        try:
+            addrs = {ipaddress.ip_address(info[4][0]) for info in socket.getaddrinfo(host, None)}
+        except (OSError, ValueError):
+            return True
+    return not all(a.is_loopback for a in addrs)
+
+
+def exposure(request: Request) -> Exposure:
+    """The app's exposure; an app not served by `gateway.server` (in-process tests) is on loopback."""
+    got = getattr(request.app.state, "exposure", None)
+    return got if isinstance(got, Exposure) else Exposure(beyond_loopback=False)
+
+
+NO_KEYS_BEYOND_LOOPBACK = ("this gateway listens beyond loopback and has no API keys")
+
+
 def authenticate(request: Request) -> Caller:
-    return keyring(request).authenticate(request.headers.get("authorization"))
+    """The caller of a call. With no keys anywhere, beyond loopback: 401 unless `gateway.open`."""
+    ring = keyring(request)
+    if ring.open:
+        where = exposure(request)
+        if where.beyond_loopback and not where.open:
+            raise APIError(401, f"{NO_KEYS_BEYOND_LOOPBACK}: send `Authorization: Bearer <key>` with a key an "
+                           "operator made (`fleet keys add NAME`), or set gateway.open: true to serve calls "
+                           "without one", code="invalid_api_key")
+    return ring.authenticate(request.headers.get("authorization"))
 
 
 def require_admin(request: Request) -> Caller:
-    """Guard a fleet-control endpoint (e.g. POST /v1/fleet/prewarm): 401 without a valid key,
-    403 for a key that is not an admin key. Open gateways let everyone through."""
+    """Guard a fleet-control endpoint (pre-warm, promote, rollback): 401 without a valid key, 403
+    for a key that is not an admin key. With no keys anywhere everyone passes on loopback, and
+    nobody beyond it (`gateway.open` opens calls, never these)."""
+    if keyring(request).open and exposure(request).beyond_loopback:
+        raise APIError(401, f"{NO_KEYS_BEYOND_LOOPBACK}, and its admin endpoints need an admin key: make one "
+                       "with `fleet keys add NAME --admin` and send it as `Authorization: Bearer <key>`",
+                       code="invalid_api_key")
     caller = authenticate(request)
     if not caller.admin:
         raise APIError(403, f"API key {caller.name!r} is not an admin key", "permission_error",
@@ -164,13 +216,14 @@ def require_status_reader(request: Request) -> Caller | None:
     The config's `gateway.status_auth`: `open` lets everyone read; `required` needs a key that
     is an admin or has `read_status` (with no keys anywhere, nobody may: use the metrics port);
     `auto` (the default) is `required` as soon as any key exists, in the config or in Redis,
-    and `open` while the gateway itself runs open. The private metrics port is never guarded.
+    or when the gateway listens beyond loopback, and `open` while it runs open on loopback. The
+    private metrics port is never guarded.
     """
     if request.scope.get(METRICS_PORT_SCOPE):
         return None
     mode = getattr(request.app.state, "status_auth", "auto")
     ring = keyring(request)
-    if mode == "open" or (mode == "auto" and ring.open):
+    if mode == "open" or (mode == "auto" and ring.open and not exposure(request).beyond_loopback):
         return None
     if ring.open:  # required, yet no key exists that could read it
         raise APIError(401, "fleet state needs an API key with read_status, and none is configured; "

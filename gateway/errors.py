@@ -121,5 +121,7 @@ def raw_response(status: int, code: str, message: str, type_: str = "invalid_req
 
 
 def from_event(ev: Failed) -> APIError:
-    """A worker's or the line's end of a call that failed, as the caller should see it."""
-    return APIError(ev.status, ev.message, ev.type, code=ev.code or ev.type, param=ev.param)
+    """A worker's or the line's end of a call that failed, as the caller should see it (a 503 with
+    Retry-After: the fleet's fault, and a retry may well be served)."""
+    return APIError(ev.status, ev.message, ev.type, code=ev.code or ev.type, param=ev.param,
+                    headers={"Retry-After": "1"} if ev.status == 503 else None)

@@ -46,6 +46,9 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
         m.LINE_LENGTH.labels(tier, cls).set(n)
     m.OLDEST_WAIT.labels(tier).set(obs.oldest_wait_s)
     _count_preemptions(tier, live.snap.counters)
+    # This process's enqueues that no replica acknowledged within replication.ack_timeout_ms.
+    m.ENQUEUE_UNREPLICATED.labels(tier).inc(line.replicas.short - _unreplicated_seen.get(tier, 0))
+    _unreplicated_seen[tier] = line.replicas.short
     m.DRAIN.labels(tier).set(drain_s(obs))  # +Inf when nothing serves a non-empty line
     m.ARRIVAL_RATE.labels(tier).set(arrival_rate(obs))
     m.SERVICE_RATE.labels(tier).set(service_rate(obs))
@@ -62,6 +65,7 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
 
 
 _preempted_seen: dict[tuple[str, str], int] = {}
+_unreplicated_seen: dict[str, int] = {}
 
 
 def _count_preemptions(tier: str, counters: dict[str, int]) -> None:

@@ -12,6 +12,10 @@ Three rules, each with its why:
   `error` event), is an `Orphan`: the gateway keeps it in memory and ends it in
   the line with outcome `unavailable` as soon as Redis answers again (a running
   one is aborted in its engine), so nothing is served that nobody will read.
+  Its memory is not the only record: every call is recorded in Redis with the
+  gateway process answering for it (`caller_id`, `fleet.store.callers`), so a
+  gateway that dies or is restarted during the outage has its calls ended by the
+  gateways that live on, once its lease runs out (a restarted one among them).
 - **One outcome, counted once, the same word in Redis and in Prometheus**:
   the orphan's metric is counted when its caller is answered; the line counts
   the same outcome when the orphan is ended there.
@@ -26,6 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +51,18 @@ GRACE_S = 1.0  # beyond a request's deadline, what its Redis calls may take befo
 CLEANUP_S = 1.0  # a clean-up call on the way out (cancel, release) waits no longer; the orphan sweep retries
 ORPHAN_WATCH_S = 10.0  # a delayed enqueue may still land after Redis returns: watch for it this long
 UNAVAILABLE = "unavailable"  # the outcome, in the line's counters and in fleet_requests_total
+
+_caller: tuple[int, str] = (0, "")
+
+
+def caller_id() -> str:
+    """This gateway process's name in the callers record: its host, its pid and a random part, so a
+    restarted (or forked, `--workers N`) process is a caller of its own."""
+    global _caller
+    if _caller[0] != os.getpid():
+        _caller = (os.getpid(), f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return _caller[1]
+
 
 def unavailable_error(exc: BaseException | None, *, deadline_ms: int | None = None) -> APIError:
     """The typed 503 of the contract, with Retry-After."""

@@ -79,6 +79,11 @@ class Watch:
             raise self.error
         return None  # the timeout passed
 
+    def push(self, ev: Event) -> None:
+        """Hand the call an event that did not come from its stream (`gateway.results`: its request was lost)."""
+        self.events.append(ev)
+        self._wake()
+
     def close(self) -> None:
         """Stop watching (the call ended); idempotent."""
         self._tier.watches.pop(self.key, None)

@@ -40,7 +40,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fleet.config import FleetConfig, GatewayEdge
-from gateway.auth import METRICS_PORT_SCOPE
+from gateway.auth import METRICS_PORT_SCOPE, Exposure, beyond_loopback
 from gateway.errors import APIError, raw_response
 
 log = logging.getLogger("fleet.gateway.server")
@@ -250,6 +250,22 @@ def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
+def expose(app: Any, cfg: FleetConfig, host: str) -> None:
+    """Tell the app where it listens (`gateway.auth.Exposure`): beyond loopback, no keys means
+    closed, not open. Said at start-up, since keys stored in Redis are only known later."""
+    where = Exposure(beyond_loopback=beyond_loopback(host), open=cfg.gateway.open)
+    app.state.exposure = where
+    if not where.beyond_loopback or cfg.keys:
+        return
+    if where.open:
+        log.warning("gateway.open: true and no API keys in the config: anyone who reaches %s may call "
+                    "completions; admin endpoints and fleet state still need a key", host)
+    else:
+        log.warning("listening on %s, beyond loopback, with no API keys in the config: until a key exists "
+                    "(`fleet keys add`), calls, admin endpoints and fleet state are refused with 401 "
+                    "(gateway.open: true serves calls without keys)", host)
+
+
 def serve(app: Any, cfg: FleetConfig, *, host: str, port: int, metrics_port: int | None = None,
           metrics_host: str = "127.0.0.1", sockets: list[socket.socket] | None = None) -> None:
     """Run `app` on host:port (and /metrics alone on metrics_host:metrics_port) until SIGINT/SIGTERM.
@@ -258,6 +274,7 @@ def serve(app: Any, cfg: FleetConfig, *, host: str, port: int, metrics_port: int
         sockets = [listen(host, port)]
         if metrics_port:
             sockets.append(listen(metrics_host, metrics_port))
+    expose(app, cfg, host)
     if metrics_port:
         app = MetricsPortGate(app, metrics_port)
     config = uvicorn.Config(app, loop="uvloop", http=protocol_for(EdgeLimits.of(cfg.gateway)), ws="none",

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from fleet.config import Priority
 from fleet.store.events import Done, Failed
 from fleet.store.line import Line
+from fleet.store.replication import Ack
 from gateway.auth import Caller
 from gateway.errors import APIError
 
@@ -90,6 +91,7 @@ class Ticket:
     admitting_key: str
     member: str
     request_key: str  # the request's hash in the line: did an engine ever take it?
+    ack: Ack | None = None  # replicas that must hold the enqueue before the call goes on
     reservations: list[Reservation] = field(default_factory=list)
     closed: bool = False
 
@@ -100,7 +102,7 @@ class Ticket:
         script when it wakes): the caller ends it as an orphan (`gateway.redis_loss`),
         which also ends this ticket; the being-admitted mark expires by itself."""
         return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
-                                  admitting=(self.admitting_key, self.member))
+                                  admitting=(self.admitting_key, self.member), ack=self.ack)
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ import dockerhost
 ROOT = dockerhost.ROOT
 FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
 LABEL = "fleet.replica.namespace"  # scaler/backends.py labels every worker container with it
+ADMIN_KEY_SHOWN = "fleet: admin key made on first start:"  # fleetctl/admin_key.py prints the secret after it
 DEFAULTS = {"FLEET_REDIS_PORT": "6380", "FLEET_GATEWAY_PORT": "8000", "FLEET_GATEWAY_METRICS_PORT": "9100",
             "FLEET_SCALER_METRICS_PORT": "9101", "FLEET_NAMESPACE": "fleet"}
 
@@ -92,14 +94,24 @@ def wait_ready(env: Mapping[str, str], timeout: float = 180.0) -> float:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f} s: {last}")
 
 
-def first_call(env: Mapping[str, str], model: str = "fleet-small", timeout: float = 120.0) -> dict[str, object]:
-    """One chat completion through the gateway; retried while the tier's first worker container starts."""
+def admin_key(env: Mapping[str, str], project: str = "fleet") -> str | None:
+    """The admin key the gateway made on its first start, from its log (None: not this start's)."""
+    log = compose(env, project, "logs", "--no-color", "gateway", check=False).stdout
+    found = re.findall(re.escape(ADMIN_KEY_SHOWN) + r"\s+(fk-[A-Za-z0-9_-]+)", log)
+    return found[-1] if found else None
+
+
+def first_call(env: Mapping[str, str], key: str, model: str = "fleet-small",
+               timeout: float = 120.0) -> dict[str, object]:
+    """One chat completion through the gateway with `key`; retried while the tier's first worker
+    container starts."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello from compose"}],
                        "max_tokens": 8}).encode()
     url = f"http://127.0.0.1:{env['FLEET_GATEWAY_PORT']}/v1/chat/completions"
     deadline = time.monotonic() + timeout
     while True:
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json",
+                                                              "Authorization": f"Bearer {key}"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 return json.loads(r.read())
@@ -144,9 +156,17 @@ def _up() -> None:
     took = up(env)
     port = env["FLEET_GATEWAY_PORT"]
     print(f"the gateway answers /readyz at http://127.0.0.1:{port} ({took:.1f} s after up)")
-    reply = first_call(env)
+    key = admin_key(env) or os.environ.get("FLEET_API_KEY")
+    if key is None:
+        print("the admin key was made and shown on the stack's first start (its log then); make another with\n"
+              f"  DOCKER_HOST={host} docker-compose -p fleet -f .docker/compose-fleet.yml exec gateway "
+              "fleet keys add NAME --admin\nand set FLEET_API_KEY to it to have the first call made here")
+        return
+    print(f"admin key (made on the stack's first start, shown this once; only its sha256 is stored):\n  {key}\n"
+          f"  export FLEET_API_KEY={key}   # fleet status, fleet prewarm; HTTP: -H 'Authorization: Bearer {key}'")
+    reply = first_call(env, key)
     body = '{"model": "fleet-small", "messages": [{"role": "user", "content": "hello from compose"}]}'
-    print(f"first call: curl http://127.0.0.1:{port}/v1/chat/completions "
+    print(f"first call: curl http://127.0.0.1:{port}/v1/chat/completions -H \"Authorization: Bearer $FLEET_API_KEY\" "
           f"-H 'Content-Type: application/json' -d '{body}'")
     print(json.dumps(reply, indent=2))
     print(f"worker containers: DOCKER_HOST={host} docker ps --filter label={LABEL}={env['FLEET_NAMESPACE']}")

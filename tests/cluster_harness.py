@@ -115,6 +115,14 @@ class PrivateCluster:
                         return n
         raise LookupError(f"no master serves slot {slot}")
 
+    def replica_of(self, master: ClusterNodeProc) -> ClusterNodeProc:
+        """The replica of `master` (CLUSTER NODES: the node whose master is its id)."""
+        me = master.client().cluster("myid")
+        me = me.decode() if isinstance(me, bytes) else me
+        rows = [ln.split() for ln in master.client().execute_command("CLUSTER", "NODES").decode().splitlines()]
+        port = next(int(r[1].split("@")[0].rsplit(":", 1)[1]) for r in rows if r[3] == me and "slave" in r[2])
+        return next(n for n in self.nodes if n.port == port)
+
     def kill(self, node: ClusterNodeProc) -> None:
         node.proc.kill()
         node.proc.wait(10)

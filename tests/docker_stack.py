@@ -38,6 +38,7 @@ class Stack:
     env: dict[str, str]
     project: str
     up_s: float = 0.0
+    admin_key: str | None = None  # the one the gateway made on its first start (from its log)
     client: Any = field(init=False)
     r: redis.Redis = field(init=False)
 
@@ -121,5 +122,6 @@ def start_stack(tmp: Path, config: Path = CONFIG) -> Stack:
     except Exception:
         s.down()
         raise
+    s.admin_key = compose.admin_key(env, s.project)
     print(f"compose up to /readyz: {s.up_s:.1f} s", file=sys.stderr)
     return s

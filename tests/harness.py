@@ -60,6 +60,15 @@ async def blocked_in(r: Any, name: str, cmd: str, limit_s: float = 10.0) -> None
     raise AssertionError(f"no connection named {name!r} blocked in {cmd} within {limit_s} s: {seen}")
 
 
+def redis_bytes(r: redis.Redis, match: str) -> int:
+    """What the keys matching `match` (e.g. "ns:*") hold in Redis now: MEMORY USAGE summed over
+    them (over every node of a cluster)."""
+    total = 0
+    for key in r.scan_iter(match=match, count=1000):
+        total += int(r.memory_usage(key, samples=0) or 0)  # a key gone between SCAN and MEMORY is 0
+    return total
+
+
 def config_variant(base: Path, out_dir: Path, tier: str, section: str | None = None, **fields: Any) -> Path:
     """A copy of the config `base` (same file name) in `out_dir`, with `fields` set on `tier`
     or, given `section`, on that part of it (e.g. its `rollout`)."""

@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from fleet.config import Priority
 from fleet.redis_server import free_port
 from fleet.store.line import Line
-from tests.docker_stack import LABEL, ROOT, Stack, start_stack
+from tests.docker_stack import LABEL, ROOT, Stack, compose, start_stack
 from tests.harness import call_payload, wait_until
 
 pytestmark = pytest.mark.timeout(900)  # the first test pays for a cold image build (about 4 minutes)
@@ -51,7 +51,9 @@ def at_floors(s: Stack) -> bool:
 
 
 def client(s: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", timeout=90, max_retries=0)
+    """The `openai` client with the admin key the gateway made on its first start."""
+    assert s.admin_key, "the gateway printed no admin key on its first start"
+    return openai.OpenAI(base_url=f"{s.base_url}/v1", api_key=s.admin_key, timeout=90, max_retries=0)
 
 
 def enqueue(s: Stack, tier: str, n: int, max_tokens: int = 10) -> list[str]:
@@ -88,6 +90,30 @@ def test_each_tier_is_served_by_worker_containers_through_the_openai_client(stac
     assert text and chunks[-1].usage.completion_tokens == 5
     with pytest.raises(openai.NotFoundError):  # a typed error, from the gateway in its container
         c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+
+
+def test_the_admin_key_made_on_first_start_works_and_nothing_works_without_a_key(stack: Stack) -> None:
+    """The gateway made an admin key on its first start (only its sha256 in Redis): it steers the
+    fleet; without a key nothing does, calls included."""
+    s = stack
+    stored = {k.decode(): json.loads(v) for k, v in s.r.hgetall(f"{s.namespace}:apikeys").items()}
+    assert [(v["name"], v["admin"]) for v in stored.values()] == [("admin", True)]
+    assert s.admin_key and s.admin_key not in json.dumps(stored)  # the digest, never the secret
+    body = {"tier": "routing", "floor": 1, "duration_s": 60}
+    anon = httpx.post(f"{s.base_url}/v1/fleet/prewarm", json=body, timeout=10)
+    assert anon.status_code == 401 and anon.json()["error"]["code"] == "invalid_api_key", anon.text
+    ok = httpx.post(f"{s.base_url}/v1/fleet/prewarm", json=body, timeout=10,
+                    headers={"authorization": f"Bearer {s.admin_key}"})
+    assert ok.status_code == 200 and ok.json()["by"] == "admin", ok.text
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0).chat.completions.create(
+            model="fleet-small", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    # A restarted gateway finds the key and makes no other.
+    s.compose("restart", "gateway")
+    compose.wait_ready(s.env)
+    assert len(s.r.hgetall(f"{s.namespace}:apikeys")) == 1
+    assert client(s).chat.completions.create(model="fleet-small", messages=[{"role": "user", "content": "x"}],
+                                             max_tokens=2).usage.completion_tokens == 2
 
 
 def test_prometheus_discovers_the_worker_containers_and_the_dashboard_queries_answer(stack: Stack,

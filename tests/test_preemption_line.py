@@ -69,7 +69,7 @@ def test_reserved_slots_name_a_known_class(tmp_path) -> None:  # type: ignore[no
                                                    "    preemption: {reserved_slots: {urgent: 1}}\n", 1))
     with pytest.raises(ConfigError, match=r"preemption\.reserved_slots"):
         load_config(bad)
-    assert load_config(TEST_CONFIG).tiers["routing"].preemption.enabled is False
+    assert load_config(TEST_CONFIG).tiers["routing"].preemption.enabled is True  # on by default
 
 
 @pytest.fixture

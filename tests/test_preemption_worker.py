@@ -220,7 +220,7 @@ def test_callers_see_only_a_longer_wait_and_the_fleet_reports_the_preemption(fle
 
 async def test_reserved_slots_keep_a_slot_free_for_committed_work_without_preempting(redis: Redis) -> None:
     cfg = load_config(TEST_CONFIG, namespace=f"t{uuid.uuid4().hex[:8]}")
-    cfg.tiers[TIER].preemption = Preemption(reserved_slots={"committed": 1})  # preemption itself off
+    cfg.tiers[TIER].preemption = Preemption(enabled=False, reserved_slots={"committed": 1})
     line = Line(redis, cfg.namespace, TIER)
     async with _replicas(cfg, redis, 1):
         bg = await _put(line, Priority.background, 200, 3)

@@ -1,6 +1,7 @@
 """API keys stored at run time: `stored_api_keys(namespace)`, sha256 hex -> the key's JSON.
 
-Writer: the command (`fleet keys add`, `fleet keys revoke`), through a blocking
+Writer: the command (`fleet keys add`, `fleet keys revoke`, and `fleet gateway
+--admin-key-on-first-start` through `add_first_admin_key`), through a blocking
 client. Reader: every gateway, each heartbeat (`read_stored_keys`), and
 `fleet keys list`. Only digests are stored, never a secret.
 """
@@ -57,6 +58,27 @@ def add_stored_key(r: sync_redis.Redis, namespace: str, key: ApiKey, taken: list
     if any(k.name == key.name for k in list_stored_keys(r, namespace).keys):
         raise KeyExists(f"a stored key named {key.name!r} exists; revoke it first")
     r.hset(stored_api_keys(namespace), key.sha256, key.model_dump_json())
+
+
+def add_first_admin_key(r: sync_redis.Redis, namespace: str, key: ApiKey) -> bool:
+    """Store admin key `key` unless an admin key is stored already (then False), in one
+    transaction: gateways started together make one first key, not one each."""
+    h = stored_api_keys(namespace)
+    with r.pipeline(transaction=True) as p:
+        while True:
+            try:
+                p.watch(h)
+                stored = _parse(p.hgetall(h))  # type: ignore[arg-type]
+                if any(k.admin for k in stored.keys):
+                    return False
+                if any(k.name == key.name for k in stored.keys):
+                    raise KeyExists(f"a stored key named {key.name!r} exists and is not an admin key")
+                p.multi()
+                p.hset(h, key.sha256, key.model_dump_json())
+                p.execute()
+                return True
+            except sync_redis.WatchError:  # another writer in between: look again
+                continue
 
 
 def revoke_stored_key(r: sync_redis.Redis, namespace: str, name: str) -> int:

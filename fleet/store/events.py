@@ -124,3 +124,7 @@ def lua_literal(event: Failed) -> str:
 EXPIRED_IN_LINE = Failed(504, "deadline_exceeded", "deadline passed while waiting in the line")
 WORKER_LOST = Failed(502, "worker_lost", "the worker serving this stream was lost")
 SET_ASIDE = Failed(502, "worker_lost", "the request was lost by its workers too many times in a row; it was set aside")
+# A worker finished a request whose hash is gone (a failover or a flush lost it); the gateway
+# says the same to a caller whose request it no longer finds (gateway.results).
+REQUEST_LOST = Failed(503, "service_unavailable", "the request is no longer in the fleet's Redis (a failover or a "
+                      "flush lost it) and will not be served: send it again", code="request_lost")

@@ -146,6 +146,17 @@ class TierKeys:
         is judged on (`fleet.store.version_outcomes`)."""
         return self._k("models:outcomes")
 
+    @property
+    def callers(self) -> str:
+        """HASH gateway id -> "lease expiry ms|suspected since ms": the gateway processes that
+        answer for calls of the tier (`fleet.store.callers`)."""
+        return self._k("callers")
+
+    def calls(self, gateway: str) -> str:
+        """ZSET request id -> deadline ms: the calls `gateway` answers for, not yet ended
+        (`fleet.store.callers`)."""
+        return self._k(f"calls:{gateway}")
+
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
         return self._k(f"req:{rid}")

@@ -14,7 +14,9 @@ Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
   would re-run long jobs); a reaper requeues what expired.
 - `req:<id>` HASH, the request and its state. `state` moves queued -> running
   -> done, and only `finish` sets done, once: that is what makes every
-  accepted request end in exactly one outcome.
+  accepted request end in exactly one outcome. Wherever it ends its payload goes
+  at once: it keeps state, outcome, owner, attempt, class, chain and timing
+  (~250 B) for `result_ttl_s`, what a late finish or a caller still reading needs.
 - A full replica may preempt a running request of a lower class for one
   waiting above it (PREEMPT): the victim goes back with its own score and its
   lease ends; the waiter gets a `pmark` (when), so no other replica preempts
@@ -37,6 +39,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from fleet.config import Priority
+from fleet.store.callers import GRACE_MS, LEASE_MS, SWEEP_BATCH
 from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.events import Done, Event, Failed, decode, encode
 from fleet.store.keys import TierKeys
@@ -46,13 +49,16 @@ from fleet.store.line_scripts import (
     EMIT,
     ENQUEUE,
     FINISH,
+    MISSING,
     OBSERVE,
     OUTCOMES,
     PEEK,
     PREEMPT,
     REAP,
     RENEW,
+    SWEEP,
 )
+from fleet.store.replication import Ack, Replicas, acked
 
 __all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Claims", "Line", "LineSnapshot", "Reaped", "Waiter"]
 
@@ -145,22 +151,29 @@ class Line:
         self._emit = redis.register_script(EMIT)
         self._peek = redis.register_script(PEEK)
         self._preempt = redis.register_script(PREEMPT)
+        self._missing = redis.register_script(MISSING)
+        self._sweep = redis.register_script(SWEEP)
+        self.caller = ""  # in a gateway, its process (`gateway.redis_loss.caller_id`): calls are recorded under it
+        self.replicas = Replicas(redis, self.keys.line)  # of the node holding this tier's keys
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
-                      chain: str = "", admitting: tuple[str, str] | None = None) -> int:
+                      chain: str = "", admitting: tuple[str, str] | None = None, *,
+                      ack: Ack | None = None) -> int:
         """Join the line; returns the absolute deadline on the Redis clock.
 
-        `admitting` (key, member): the admission mark this request held, dropped
-        in the same step, so no instant counts it twice or not at all.
+        `admitting` (key, member): the admission mark this request held, dropped in the same
+        step, so no instant counts it twice or not at all. `ack`: where the node has replicas,
+        return once that many have it or its timeout passed (`fleet.store.replication`).
+        A gateway's line records the call under its `caller` (`fleet.store.callers`).
         """
         k = self.keys
-        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid)]
+        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *(admitting[:1] if admitting else ())]
         args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
-                           self.window_ms]
-        if admitting:
-            keys.append(admitting[0])
-            args.append(admitting[1])
-        deadline, _ = await self._enqueue(keys=keys, args=args)
+                           self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS]
+        if ack is None or ack.replicas <= 0 or not await self.replicas.known():
+            deadline, _ = await self._enqueue(keys=keys, args=args)
+            return int(deadline)
+        (deadline, _), _ = await acked(self.redis, self.replicas, ack, self._enqueue, keys, args)
         return int(deadline)
 
     async def claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None) -> Claims:
@@ -188,7 +201,7 @@ class Line:
 
     async def wait_and_claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None, *,
                              timeout_s: float, wake: str | None = None) -> Claims:
-        """`wait_for_work`, then `claim`, in ONE round trip: both go out together on the blocking
+        """A wait on the bell, then `claim`, in ONE round trip: both go out together on the blocking
         client, and Redis runs the claim the moment the bell (or `wake`, see `ring`) wakes the
         wait, or its timeout passes, without waiting for the worker to hear of it and ask.
 
@@ -281,6 +294,11 @@ class Line:
         got = await self.redis.hget(self.keys.request(rid), "outcome")
         return _s(got) if got is not None else None
 
+    async def missing(self, rids: list[str]) -> list[str]:
+        """Those of `rids` whose request hash is gone (a failover or a flush took it), in one call."""
+        gone = await self._missing(keys=[self.keys.request(r) for r in rids]) if rids else []
+        return [rids[int(i)] for i in gone]
+
     async def relabel(self, rid: str, was: str, outcome: str) -> None:
         """Count an ended request under `outcome` instead of `was`: the gateway told its caller
         `outcome` (Redis was away) before it learnt the request had ended `was`. The line's counters
@@ -291,10 +309,14 @@ class Line:
             await p.execute()
 
     async def reap(self, max_attempts: int = 3) -> Reaped:
-        """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`)."""
+        """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`); in a
+        gateway, also renew its caller lease and end the calls of gateways gone (SWEEP)."""
         k = self.keys
         requeued, lost, expired = await self._reap(keys=[k.inflight, k.line, k.counters, k.bell, k.dead],
                                                    args=[self.prefix, max_attempts, self.result_ttl_s])
+        if self.caller:
+            await self._sweep(keys=[k.callers, k.line, k.inflight, k.counters], args=[
+                self.prefix, self.caller, LEASE_MS, GRACE_MS, SWEEP_BATCH, self.result_ttl_s, k.cancel_channel])
         return Reaped(int(requeued), int(lost), int(expired))
 
     async def observe(self) -> LineSnapshot:
@@ -366,10 +388,6 @@ class Line:
         """These result streams have been read: drop them now rather than at their TTL."""
         if rids:
             await self.redis.unlink(*(self.keys.result(rid) for rid in rids))
-
-    async def wait_for_work(self, timeout_s: float) -> None:
-        """Block until an enqueue rings the bell or the timeout passes."""
-        await self.blocking.blpop([self.keys.bell], timeout=min(timeout_s, MAX_BLOCK_S))
 
 
 def _claims(more: Any, rows: list[Any]) -> Claims:

@@ -7,7 +7,8 @@ module doc. Every script starts with the store's one clock preamble
 
 from __future__ import annotations
 
-from fleet.store.events import EXPIRED_IN_LINE, SET_ASIDE, WORKER_LOST, lua_literal
+from fleet.store.callers import MARK, SWEEP_BODY, UNMARK
+from fleet.store.events import EXPIRED_IN_LINE, REQUEST_LOST, SET_ASIDE, WORKER_LOST, lua_literal
 from fleet.store.lua import CLOCK, SHEBANG
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
@@ -34,17 +35,39 @@ end
 """
 
 # An end the scripts write themselves: `f` and a `Failed` (fleet.store.events) rendered as a Lua string.
-_EVENT = """
+_EVENT = UNMARK + """
 local function emit(res, field, value, ttl)
   redis.call('XADD', res, '*', field, value)
   redis.call('EXPIRE', res, ttl)
 end
+-- A request that ends keeps only what the exactly-once and late-finish rules read (state,
+-- outcome, owner, attempt, timing), and its class and chain for an operator: the payload,
+-- which can be a whole agent context, and the line bookkeeping go now, not at the TTL. The
+-- hash is written afresh rather than trimmed with HDEL: a hash that once held a large field
+-- keeps Redis's large encoding (~750 B for these few fields), a new one is packed (~150 B).
+-- It also leaves the set of calls its gateway answers for (`fleet.store.callers`).
+local KEPT = {'owner', 'attempt', 'priority', 'chain', 'deadline', 'enq', 'claimed', 'streamed', 'preempted'}
+local function retire(req, rid, outcome, ttl)
+  local f = redis.call('HMGET', req, 'gw', unpack(KEPT))
+  local kept = {'state', 'done', 'outcome', outcome}
+  for i, name in ipairs(KEPT) do
+    if f[i + 1] and f[i + 1] ~= '' then
+      kept[#kept + 1] = name
+      kept[#kept + 1] = f[i + 1]
+    end
+  end
+  redis.call('DEL', req)
+  redis.call('HSET', req, unpack(kept))
+  redis.call('EXPIRE', req, ttl)
+  unmark(req, rid, f[1])
+end
 """
 
 # KEYS: line seq bell counters arrivals req [admitting]
-# ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms [admitting member]
+# ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms admitting_member gateway lease_ms
+# (admitting_member '' without the admitting key; gateway '' for no caller's record: `MARK`).
 # Returns {deadline_ms, now_ms} on the Redis clock.
-ENQUEUE = CLOCK + """
+ENQUEUE = CLOCK + MARK + """
 local seq = redis.call('INCR', KEYS[2])
 local score = n2s(tonumber(ARGV[2]) * 1e15 + seq)
 local deadline = now + tonumber(ARGV[4])
@@ -110,7 +133,7 @@ while #out < n and pops < 4 * n + 16 do
   elseif f[1] == 'queued' then
     if tonumber(f[2]) <= now then
       -- A request whose deadline passed in the line never reaches an engine.
-      redis.call('HSET', req, 'state', 'done', 'outcome', 'expired')
+      retire(req, rid, 'expired', tonumber(ARGV[5]))
       redis.call('HINCRBY', KEYS[3], 'expired', 1)
       emit(ARGV[4] .. 'res:' .. rid, 'f', """ + lua_literal(EXPIRED_IN_LINE) + """, tonumber(ARGV[5]))
     else
@@ -147,15 +170,21 @@ return lost
 # ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel event_field
 # (`event`: the value of the caller's end entry, `event_field` its field; see fleet.store.events)
 # Returns the state it ended the request from ('queued' or 'running'), or '' when
-# it had already ended or `owner` no longer holds it.
+# it had already ended or `owner` no longer holds it (or its hash is gone: a
+# `request_lost` event for the caller when a worker finishes it).
 FINISH = CLOCK + _EVENT + """
 local f = redis.call('HMGET', KEYS[5], 'state', 'owner')
+if not f[1] and ARGV[3] ~= '' then
+  -- A worker finished a request whose hash is gone: a failover or a flush lost it under the
+  -- worker. Its caller, maybe still waiting, hears so now rather than at its deadline.
+  emit(KEYS[6], 'f', """ + lua_literal(REQUEST_LOST) + """, tonumber(ARGV[5]))
+  return ''
+end
 if not f[1] or f[1] == 'done' then return '' end
 if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return '' end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[5], 'state', 'done', 'outcome', ARGV[2])
-redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+retire(KEYS[5], ARGV[1], ARGV[2], tonumber(ARGV[5]))
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 if ARGV[2] == 'completed' then
   redis.call('ZADD', KEYS[4], n2s(now), ARGV[1])
@@ -218,12 +247,12 @@ for _, rid in ipairs(expired) do
     local res = ARGV[1] .. 'res:' .. rid
     if f[2] == '1' then
       -- Tokens already reached the caller: a rerun would duplicate them.
-      redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
+      retire(req, rid, 'failed', tonumber(ARGV[3]))
       redis.call('HINCRBY', KEYS[3], 'failed', 1)
       emit(res, 'f', """ + lua_literal(WORKER_LOST) + """, tonumber(ARGV[3]))
       lost = lost + 1
     elseif tonumber(f[3]) >= tonumber(ARGV[2]) then
-      redis.call('HSET', req, 'state', 'done', 'outcome', 'failed')
+      retire(req, rid, 'failed', tonumber(ARGV[3]))
       redis.call('HINCRBY', KEYS[3], 'failed', 1)
       redis.call('LPUSH', KEYS[5], rid)
       redis.call('LTRIM', KEYS[5], 0, 999)
@@ -300,3 +329,16 @@ redis.call('LPUSH', KEYS[4], 1)
 redis.call('LTRIM', KEYS[4], 0, 63)
 return 1
 """
+
+# KEYS: req... ; returns the positions (from 0) of the requests whose hash is gone: the
+# gateway asks for the calls it still waits on, whose request a failover or a flush took.
+MISSING = SHEBANG + """
+local gone = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('EXISTS', k) == 0 then gone[#gone + 1] = i - 1 end
+end
+return gone
+"""
+
+# Renew this gateway's caller lease; end the calls of gateways gone (`fleet.store.callers`).
+SWEEP = CLOCK + _EVENT + SWEEP_BODY
