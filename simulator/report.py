@@ -134,7 +134,8 @@ def with_bounds(s: dict[str, Any], served_hours: float, every_call_hours: float)
     with the floors) and the every-call + floors bound, in replica-hours, and the ratios to
     each. `bound_ratio` is to the served bound: the only one a policy that sheds cannot beat."""
     rh = s["replica_hours"]
-    s["bound"] = {"served_replica_hours": round(served_hours, 3), "every_call_replica_hours": round(every_call_hours, 3)}
+    s["bound"] = {"served_replica_hours": round(served_hours, 3),
+                  "every_call_replica_hours": round(every_call_hours, 3)}
     s["bound_ratio"] = round(rh / served_hours, 3) if served_hours > 0 else None
     s["bound_ratio_every_call"] = round(rh / every_call_hours, 3) if every_call_hours > 0 else None
     return s

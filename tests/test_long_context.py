@@ -19,6 +19,18 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from fleet.config import TierConfig
+from fleet.policy import (
+    Calibration,
+    ObservedReplica,
+    Replicas,
+    TierObservation,
+    TierState,
+    calibrate,
+    decide_tier,
+    tier_capacity,
+)
+from fleet.policy.calibration import MIN_LITTLE_COMPLETIONS
 from fleetctl.cli import main
 from simulator.arrivals import build_trace
 from simulator.bound import clairvoyant_bound, hours, served_bound, served_ids
@@ -64,6 +76,60 @@ def test_the_long_context_scenario_sends_long_prompts_and_long_answers() -> None
 
 
 # --- The policy on long-context traffic -----------------------------------------------------
+
+NOW = 1_800_000_000.0
+
+
+def _analysis() -> Any:
+    return load_scenario(LONG_CONTEXT).cfg.tiers["analysis"]
+
+
+def _busy(tc: Any, served: int, oldest_wait_s: float, now: float = NOW) -> TierObservation:
+    """One replica, every slot its KV cache allows busy, a line: fewer completions in the window
+    than Little's law reads, so only the saturated reading speaks."""
+    cap = tier_capacity(tc)
+    reps = Replicas.of([ObservedReplica("r0", "ready", tc.slots, cap.batch, NOW - 300)])
+    return TierObservation(tier="analysis", now=now, window_s=10.0, line=(0, 30, 0, 0), oldest_wait_s=oldest_wait_s,
+                           completions_in_window=served, replicas=reps)
+
+
+def test_a_replica_that_just_filled_is_not_read_as_slow_and_a_fast_reading_is_smoothed() -> None:
+    """Long calls (11,500-token prompts, 340-token answers: 6.5 s each at a full batch): a
+    line that has waited one window has replicas that filled their slots a window ago and
+    finished almost nothing yet. Read then, the first window of the trace said 0.55."""
+    tc = _analysis()
+    cap = tier_capacity(tc)
+    steady = Calibration(startup_s=6.0, ready=1, ready_since=NOW - 300)
+    half = round(cap.per_replica_rate * 10 * 0.5)  # half the model's completions
+    assert half < MIN_LITTLE_COMPLETIONS
+    assert calibrate(steady, tc, _busy(tc, half, 11.0)).rate_factor == 1.0  # filling, not slow
+    fill = cap.service_s(cap.typical_prompt_tokens, cap.typical_output_tokens)
+    slow = calibrate(steady, tc, _busy(tc, half, 10.0 + fill + 1))  # saturated for a window and a call
+    assert slow.rate_factor == pytest.approx(half / 10 / cap.per_replica_rate)  # slower: at once
+    full = round(cap.per_replica_rate * 10)
+    up = calibrate(slow, tc, _busy(tc, full, 30.0, now=NOW + 10))
+    assert slow.rate_factor < up.rate_factor < slow.rate_factor + 0.2  # faster: part way
+    later = up
+    for k in range(2, 30):
+        later = calibrate(later, tc, _busy(tc, full, 30.0, now=NOW + 10 * k))
+    assert later.rate_factor == pytest.approx(full / 10 / cap.per_replica_rate, rel=0.01)  # there in the end
+
+
+def test_arrivals_order_replicas_only_while_the_tier_falls_behind_them() -> None:
+    cfg = TierConfig(warm_floor=2, max_replicas=12, drain_threshold_s=4.0, scale_in_hold_s=60)
+    base = dict(waiting=0, oldest_wait_s=0.0, ready=4, starting=0, per_replica_rate=1.0, startup_s=0.0,
+                rate_window_s=10.0)
+    # 6/s arrive, and 6/s are served by the 4 ready: the modelled 1/s a replica is the model's
+    # guess on calls of every length; the tier keeps up, so the rate orders nothing.
+    d = decide_tier(TierState(arrival_rate=6.0, service_rate=6.0, **base), cfg, NOW)  # type: ignore[arg-type]
+    assert d.action == "hold"
+    # Served well below what clearly arrives: behind, and the rate orders what it needs.
+    d = decide_tier(TierState(arrival_rate=6.0, service_rate=3.5, **base), cfg, NOW)  # type: ignore[arg-type]
+    assert (d.action, d.code, d.delta) == ("scale_out", "arrival", 1)
+    # A line that builds orders by itself, behind or not.
+    d = decide_tier(TierState(arrival_rate=6.0, service_rate=6.0, **{**base, "waiting": 60,  # type: ignore[arg-type]
+                                                                       "oldest_wait_s": 9.0}), cfg, NOW)
+    assert d.action == "scale_out" and d.code == "drain"
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,11 @@ same why. The rules (`000_...txt` part III, `002_...txt`):
   the budget allows, what the GPUs can hold);
 - scale-out counts replicas already starting and the backlog that piles up
   while they start, so a need is never ordered twice;
+- the arrival rate orders replicas ahead of a line only while the tier falls
+  behind it (serves less than clearly arrives); the line orders the rest;
 - scale-in is HPA's scale-down stabilisation: only with an empty line (or
   above the ceiling, where a queued line does not keep the tier over it), only
-  after the need (with its noise margin) stayed below the ready replicas for
+  after the need (with the noise margin of a count over the hold) stayed below the ready replicas for
   `scale_in_hold_s`, never while a replica of the tier is starting, it steps
   down to the highest need seen over that hold (never below the floor; above
   the ceiling, to the ceiling). Each step restarts the hold, so a raised floor
@@ -216,7 +218,12 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # over the window, less SCALE_IN_NOISE_SD deviations): a high draw is no reason to pay
     # a cold start, and a real excess shows in the line within seconds (`by_line`).
     lo = rate_with_margin(s.arrival_rate, s.rate_window_s, -SCALE_IN_NOISE_SD)
-    by_arrival = replicas_for(lo, r) if lo > 0 else 0
+    # And only while the tier falls behind them: it serves less than clearly arrives. A tier
+    # that keeps up has what the arrivals need, whatever the modelled rate says: on long
+    # prompts, where a call's length swings the model's rate, and on bursts the slots absorb,
+    # a rate order bought replicas the line never asked for.
+    behind = lo > s.service_rate
+    by_arrival = replicas_for(lo, r) if lo > 0 and behind else 0
     # The line now plus what piles up while new replicas start, drained within the threshold.
     growth = backlog_during_startup(s.arrival_rate, s.ready * r, s.startup_s)
     backlog = s.waiting + growth
@@ -227,7 +234,10 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # restarts at every tick where it reaches the ready replicas, so a step down needs it
     # below ready for the whole hold: the highest recommendation over the hold, as HPA's
     # scale-down stabilisation window, with noise taken off first.
-    hi = rate_with_margin(s.arrival_rate, s.rate_window_s)
+    # The margin is the noise of a count over the hold, not over the rate window: the hold
+    # already keeps the highest need it saw, tick after tick, so a window's margin on top of
+    # that counted the noise twice (on 5.4/s of long calls it held two replicas spare).
+    hi = rate_with_margin(s.arrival_rate, max(s.rate_window_s, cfg.scale_in_hold_s) if s.rate_window_s > 0 else 0.0)
     keep = max(replicas_for(hi, r) if hi > 0 else 0, by_line)
     # Calm is "the drain is under its threshold and the demand leaves a replica
     # spare"; any tick that needs every ready replica restarts it. A calm
