@@ -57,7 +57,7 @@ def table(path: Path) -> list[str]:
         out.append("| " + " | ".join(cells) + " |")
     failed = [f"{n}: {seen}" for n, ok, seen in judged if not ok]
     out.append(f"| {sc.name} | *expect:* | " + ("all pass" if not failed else "FAIL " + "; ".join(failed))
-               + " |" + " |" * 9)
+               + " |" + " |" * 8)
     return out
 
 
