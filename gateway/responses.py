@@ -24,7 +24,8 @@ from fastapi.responses import Response
 from redis.exceptions import RedisError
 
 from fleet.store.events import Chunk, Done
-from fleet.store.responses import ResponseStore, StoredResponse
+from fleet.store.replication import Ack
+from fleet.store.responses import StoredResponse
 from gateway.answers import stream, usage_of
 from gateway.auth import Caller, authenticate
 from gateway.call import Call
@@ -58,10 +59,6 @@ def owner_of(caller: Caller) -> str:
     """Who a stored response belongs to: the key's digest (a key re-made under the same name is
     another key), or "open" on a gateway without keys."""
     return caller.key.sha256 if caller.key is not None else "open"
-
-
-def store_of(gw: Gateway) -> ResponseStore:
-    return ResponseStore(gw.redis, gw.cfg.namespace, gw.cfg.responses.ttl_s)
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
@@ -99,7 +96,7 @@ async def read_turn(gw: Gateway, caller: Caller, data: Any) -> tuple[Turn, CallS
     owner = owner_of(caller)
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
-        prev = await store_of(gw).get(body.previous_response_id, owner)
+        prev = await gw.responses.get(body.previous_response_id, owner)
         if prev is None:
             raise not_found(body.previous_response_id, "previous_response_id")
         if prev.conversation is None:
@@ -148,8 +145,10 @@ async def keep(gw: Gateway, turn: Turn, output: list[dict[str, Any]], done: Done
     if (json_size(turn.items) + json_size(output) > bounds.max_response_bytes
             or json_size(conversation) > bounds.max_conversation_bytes):
         conversation = None
+    rep = gw.cfg.replication
     try:
-        await store_of(gw).put(StoredResponse(turn.id, turn.owner, response, conversation))
+        await gw.responses.put(StoredResponse(turn.id, turn.owner, response, conversation),
+                               Ack(rep.ack_replicas, rep.ack_timeout_ms))
     except (RedisError, TimeoutError) as e:
         raise unavailable_error(e) from None
     return response
@@ -171,7 +170,7 @@ async def whole(call: Call, first: Done | Chunk, gw: Gateway, turn: Turn) -> Res
 async def read(request: Request, response_id: str) -> Response:
     """A stored response, to the key that made it."""
     gw: Gateway = request.app.state.gw
-    rec = await store_of(gw).get(response_id, owner_of(authenticate(request)))
+    rec = await gw.responses.get(response_id, owner_of(authenticate(request)))
     if rec is None:
         raise not_found(response_id)
     return Response(orjson.dumps(rec.response), media_type="application/json")
@@ -181,7 +180,7 @@ async def read(request: Request, response_id: str) -> Response:
 async def delete(request: Request, response_id: str) -> Response:
     """Delete a stored response (the key that made it only); continuing it is then a 404."""
     gw: Gateway = request.app.state.gw
-    if not await store_of(gw).delete(response_id, owner_of(authenticate(request))):
+    if not await gw.responses.delete(response_id, owner_of(authenticate(request))):
         raise not_found(response_id)
     return Response(orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
                     media_type="application/json")

@@ -27,6 +27,9 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from fleet.store.replication import Ack, Replicas
 
 
 def response_key(namespace: str, response_id: str) -> str:
@@ -59,13 +62,29 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """The stored responses of one fleet namespace."""
+    """The stored responses of one fleet namespace (one per gateway process: it keeps the replica count)."""
 
     def __init__(self, redis: Redis, namespace: str, ttl_s: int) -> None:
         self.redis, self.namespace, self.ttl_s = redis, namespace, ttl_s
+        # Where Redis has replicas, a stored response waits for one as an enqueue does (the
+        # replication settings): a failover must not lose the turn a caller continues from. On a
+        # cluster the count is read from one key's master; the WAIT goes to the record's own.
+        self.replicas = Replicas(redis, response_key(namespace, ""))
 
-    async def put(self, rec: StoredResponse) -> None:
-        await self.redis.set(response_key(self.namespace, rec.id), rec.encode(), ex=self.ttl_s)
+    async def put(self, rec: StoredResponse, ack: Ack | None = None) -> None:
+        key, value = response_key(self.namespace, rec.id), rec.encode()
+        if ack is None or ack.replicas == 0 or await self.replicas.known() == 0:
+            await self.redis.set(key, value, ex=self.ttl_s)
+            return
+        async with self.redis.pipeline(transaction=False) as p:  # the SET and its WAIT on one connection
+            p.set(key, value, ex=self.ttl_s)
+            if isinstance(self.redis, RedisCluster):
+                p.execute_command("WAIT", ack.replicas, ack.timeout_ms, target_nodes=self.redis.get_node_from_key(key))
+            else:
+                p.execute_command("WAIT", ack.replicas, ack.timeout_ms)
+            _, n = await p.execute()
+        if int(n) < ack.replicas:
+            self.replicas.fell_short()
 
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
         """The response, if it exists, has not expired and belongs to `owner` (else None: a stranger
