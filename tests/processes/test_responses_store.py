@@ -93,6 +93,18 @@ def test_a_turn_past_the_bounds_is_refused_before_it_runs(keyed: Fleet) -> None:
     assert keyed.counters("routing").get("accepted", 0) == accepted + 1 + grown
 
 
+def test_an_answer_that_passes_the_bound_is_kept_without_its_conversation(keyed: Fleet) -> None:
+    """The input fits, the output pushes the turn past max_response_bytes: the caller still gets
+    its answer (its tokens were spent), the response can be read, and continuing it is a typed 400
+    that says why, not a 404 that pretends it never was."""
+    alice = client(keyed, ALICE)
+    r = alice.responses.create(model="routing", input="z" * (MAX_RESPONSE - 150), max_output_tokens=60)
+    assert r.output_text and r.usage is not None and r.usage.output_tokens == 60
+    assert alice.responses.retrieve(r.id).output_text == r.output_text
+    assert _status(lambda: alice.responses.create(model="routing", previous_response_id=r.id, input="more")) == (
+        400, "conversation_too_large", "previous_response_id")
+
+
 def test_ttl_and_the_continued_conversation_counted_as_input(keyed: Fleet) -> None:
     alice = client(keyed, ALICE)
     first = alice.responses.create(model="routing", input="count me " * 20, max_output_tokens=4)

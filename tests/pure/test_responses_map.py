@@ -162,3 +162,23 @@ def test_the_render_ends_a_failure_with_response_failed() -> None:
     assert events[-1]["response"]["error"] == {"code": "worker_lost", "message": "the worker serving this stream "
                                                                                   "was lost"}
     assert events[-2]["type"] == "response.output_item.done"  # the open item closed first
+
+
+def test_the_render_streams_reasoning_before_the_answer() -> None:
+    async def finish(items: list[dict[str, Any]], done: Done) -> dict[str, Any]:
+        return response_object("resp_x", body(input="x"), 0, output=items, done=done)
+
+    render = ResponsesRender(response_object("resp_x", body(input="x"), 0), finish)
+    raw = render.chunk(_chunk({"reasoning_content": "They ask "})) + render.chunk(_chunk({"reasoning_content": "x."}))
+    raw += render.chunk(_chunk({"content": "Yes."}))
+    raw += asyncio.run(render.done(Done(attempt=1, finish_reason="length", usage={})))
+    events = _events(raw)
+    kinds = [e["type"] for e in events]
+    assert kinds[2:7] == ["response.output_item.added", "response.reasoning_text.delta",
+                          "response.reasoning_text.delta", "response.reasoning_text.done",
+                          "response.output_item.done"], kinds
+    assert kinds[-1] == "response.incomplete"  # cut by max_output_tokens
+    final = events[-1]["response"]
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["content"][0]["text"] == "They ask x."
