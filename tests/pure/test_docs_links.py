@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 README_MAX_LINES = 150
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 
@@ -18,6 +19,7 @@ FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE = re.compile(r"`[^`\n]*`")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
 # Files outside the repository that the project was made from: a user cannot open them.
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")
 OUTSIDE = re.compile(r"DESIGN\.md|\.\./shared|/work/shared|\b00[02]_[0-9a-f]{6,}|\b00[02]_\.\.\.txt")
 
 
@@ -73,6 +75,13 @@ def test_every_relative_link_resolves(page: Path) -> None:
 def test_no_page_points_outside_the_repository(page: Path) -> None:
     hits = [m.group(0) for m in OUTSIDE.finditer(page.read_text())]
     assert hits == [], f"{page.relative_to(ROOT)} cites files a user does not have: {hits}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_test_file_named_exists(page: Path) -> None:
+    """A page that names a test as what holds a promise names a file that is there (tests move)."""
+    missing = sorted({t for t in TEST_FILE.findall(page.read_text()) if not (ROOT / t).is_file()})
+    assert missing == [], f"{page.relative_to(ROOT)} names tests that do not exist: {missing}"
 
 
 def test_the_readme_fits_on_three_screens() -> None:
