@@ -16,7 +16,7 @@ same why. The rules (docs/architecture.md, "What the policy keeps from its sourc
   behind it (serves less than clearly arrives); the line orders the rest;
 - scale-in is HPA's scale-down stabilisation: only with an empty line (or
   above the ceiling, where a queued line does not keep the tier over it), only
-  after the need (with the noise margin of a count over the hold) stayed below the ready replicas for
+  after the need (with its noise margin) stayed below the ready replicas for
   `scale_in_hold_s`, never while a replica of the tier is starting, it steps
   down to the highest need seen over that hold (never below the floor; above
   the ceiling, to the ceiling). Each step restarts the hold, so a raised floor
@@ -234,10 +234,7 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # restarts at every tick where it reaches the ready replicas, so a step down needs it
     # below ready for the whole hold: the highest recommendation over the hold, as HPA's
     # scale-down stabilisation window, with noise taken off first.
-    # The margin is the noise of a count over the hold, not over the rate window: the hold
-    # already keeps the highest need it saw, tick after tick, so a window's margin on top of
-    # that counted the noise twice (on 5.4/s of long calls it held two replicas spare).
-    hi = rate_with_margin(s.arrival_rate, max(s.rate_window_s, cfg.scale_in_hold_s) if s.rate_window_s > 0 else 0.0)
+    hi = rate_with_margin(s.arrival_rate, s.rate_window_s)
     keep = max(replicas_for(hi, r) if hi > 0 else 0, by_line)
     # Calm is "the drain is under its threshold and the demand leaves a replica
     # spare"; any tick that needs every ready replica restarts it. A calm
