@@ -234,7 +234,15 @@ def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
     # restarts at every tick where it reaches the ready replicas, so a step down needs it
     # below ready for the whole hold: the highest recommendation over the hold, as HPA's
     # scale-down stabilisation window, with noise taken off first.
-    hi = rate_with_margin(s.arrival_rate, s.rate_window_s)
+    # The margin is the noise of a count over the hold, not over the rate window: the hold
+    # already keeps the highest need it saw, tick after tick, so a window's margin on top of
+    # that counted the noise twice (on 5.4/s of long calls it held two replicas spare). Not on
+    # a tier with budget windows: their least-spend projection was made with the wider margin,
+    # and with the narrower one the market-open planner spent $80.06 of its $80 open window.
+    noise_s = s.rate_window_s
+    if s.rate_window_s > 0 and not cfg.budget.windows:
+        noise_s = max(s.rate_window_s, cfg.scale_in_hold_s)
+    hi = rate_with_margin(s.arrival_rate, noise_s)
     keep = max(replicas_for(hi, r) if hi > 0 else 0, by_line)
     # Calm is "the drain is under its threshold and the demand leaves a replica
     # spare"; any tick that needs every ready replica restarts it. A calm
