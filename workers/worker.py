@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -44,13 +45,14 @@ log = logging.getLogger("fleet.worker")
 class Worker:
     def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
                  replica_id: str | None = None, engine_name: str = "sim", blocking: Redis | None = None,
-                 pubsub: Redis | None = None, version: str = "") -> None:
+                 pubsub: Redis | None = None, version: str = "", started: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.tier = tier
         self.tc = cfg.tiers[tier]
         self.engine = engine
         self.engine_name = engine_name
         self.version = version  # the model version it runs, in every heartbeat
+        self._started = started  # called once the engine is up (a replica's process freezes the gc then)
         self.redis = redis
         self.pubsub_redis = pubsub or redis  # subscriptions wait without a read timeout
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
@@ -95,6 +97,8 @@ class Worker:
             self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
             self.model_name = getattr(self.engine, "model_name", None)  # the engine's name, in every answer
             self.concurrency = self._concurrency()
+            if self._started is not None:
+                self._started()
             if not self._draining.is_set():
                 self.state = "ready"
             await self._heartbeat_once()
