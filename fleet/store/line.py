@@ -31,7 +31,7 @@ X-Deadline-Ms at enqueue, so gateway and worker clocks need not agree.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
@@ -73,11 +73,10 @@ class Claimed:
     priority: str
     owner: str  # this attempt's lease on the request: "<replica>:<attempt>"
     preempted: int = 0  # times it was preempted before this attempt (see PREEMPT)
+    lease: str = field(default="", init=False)  # names this attempt uniquely within a replica
 
-    @property
-    def lease(self) -> str:
-        """Names this attempt of this request uniquely within a replica."""
-        return f"{self.rid}@{self.owner}"
+    def __post_init__(self) -> None:
+        self.lease = f"{self.rid}@{self.owner}"  # built once: the stream writer is keyed by it per token
 
 
 @dataclass(slots=True)
