@@ -28,11 +28,12 @@ from fleet.config import FleetConfig
 from fleet.policy import replica_concurrency, tier_capacity
 from fleet.store.events import Done, Failed
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
-from fleet.store.ledger import Ledger
+from fleet.store.ledger import Ledger, TokenCharge
 from fleet.store.line import Claimed, Line
 from fleet.store.payloads import BadPayload, CallPayload
 from fleet.store.version_outcomes import queue_outcome
 from fleet.tasks import cancel_and_wait
+from workers.charging import Charges
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.serving import Progress, run_engine
@@ -64,6 +65,7 @@ class Worker:
         self.owners: dict[str, str] = {}  # rid -> the lease this replica holds on it
         # The tokens of all streamed requests, written together.
         self.streams = StreamWriter(self.line, cfg.stream_window_ms / 1000)
+        self.charges = Charges(self.ledger, cfg.stream_window_ms / 1000)  # ended calls' tokens, charged together
         self.concurrency = self.tc.slots  # bounded by the KV cache once the engine has started
         self.completed = 0
         self.failed: str | None = None  # why the replica gave up, if it did
@@ -112,6 +114,7 @@ class Worker:
                 await cancel_and_wait(cancels)  # not a lone cancel(): one lost in a Redis call hangs the exit
         finally:
             await cancel_and_wait(hb)
+            await self.charges.stop()
             with contextlib.suppress(Exception):  # the last seconds cost too; then nothing more for this id
                 await self.ledger.accrue(self.replica_id, self.state, self.started_at, final=True)
             await self.streams.stop()
@@ -292,7 +295,8 @@ class Worker:
     async def _release(self, c: Claimed, attempt: Attempt, progress: Progress, key: str) -> None:
         """Free the slot, and charge every token generated, useful or not (late, failed,
         cancelled), except a preempted attempt's: it runs again, and only the attempt that ends
-        it counts. The version's outcome goes in the charge's round trip."""
+        it counts. The version's outcome goes in the charge's round trip, with the other calls that
+        end within the window (`workers.charging`)."""
         self.streams.discard(c.lease)
         made = getattr(self.engine, "made", None)  # an engine that answers whole counts what it made meanwhile
         if made is not None:
@@ -304,11 +308,10 @@ class Worker:
         if self.preemptor.untrack(c.rid, attempt):
             return
         ended = progress.ended
-        with contextlib.suppress(Exception):
-            await self.ledger.record_tokens(
-                key, c.priority, progress.prompt_tokens, progress.completion_tokens, useful=progress.useful,
-                also=None if ended is None else lambda pipe: queue_outcome(
-                    pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0))
+        self.charges.add(TokenCharge(
+            key, c.priority, progress.prompt_tokens, progress.completion_tokens, progress.useful,
+            None if ended is None else lambda pipe: queue_outcome(
+                pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0)))
 
     async def _finish(self, c: Claimed, outcome: str, event: Done | Failed, **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not
