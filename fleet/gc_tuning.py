@@ -5,7 +5,8 @@ redis-py, the entry's bytes, an event), and CPython starts a generation-0 collec
 allocations by default; each tenth of those also walks generation 1, and every so often a full
 collection walks every object the process holds: its imports, its engine (torch, vLLM) and
 every open call. Profiled at 200 open calls, 16 to 18% of the gateway's CPU was the collector
-(docs/token-relay-profile.md; 0.7% after this module, and about 20% less gateway CPU). So a process that serves the relay
+(docs/token-relay-profile.md; 0.7% with this module, and about 20% less gateway CPU a token).
+So a process that serves the relay
 
 - raises the generation-0 threshold (`tune`, at start): a collection per `GEN0` allocations
   costs about what it frees, and the older generations are walked that much less often;
