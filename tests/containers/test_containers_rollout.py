@@ -2,7 +2,7 @@
 in worker containers at v1 (tests/fleet-containers-rollout.yaml, floor 2); `fleet promote` under a
 light load replaces every worker container with one at v2 (its label and its heartbeats say so),
 with 0 failed calls and the ready never below the floor; `fleet rollback` brings them back to v1.
-The rollout with local processes, and its other cases, are in tests/test_model_rollout.py."""
+The rollout with local processes, and its other cases, are in tests/processes/test_model_rollout.py."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.docker_stack import LABEL, ROOT, Stack, start_stack
 from tests.harness import LineLoad, wait_until
+from tests.paths import TESTS
 
 pytestmark = pytest.mark.timeout(900)  # a cold image build costs about 5 minutes
-CONFIG = Path(__file__).resolve().parent / "fleet-containers-rollout.yaml"
+CONFIG = TESTS / "fleet-containers-rollout.yaml"
 TIER = "routing"
 FLOOR = 2
 

@@ -30,8 +30,9 @@ from fleet.redis_server import free_port
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
 from tests.harness import ROOT, Fleet, call_payload, config_variant, scaled_fleet, wait_until
+from tests.paths import TESTS
 
-SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"
+SCALER_CONFIG = TESTS / "fleet-scaler.yaml"
 TIER = "routing"
 HOLD_S = 3.0  # scale_in_hold_s in fleet-scaler.yaml
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 
-from tests.harness import TEST_CONFIG, Fleet
+from tests.harness import TEST_CONFIG, Fleet, serving
 
 CASES = int(os.environ.get("FLEET_FUZZ_CASES", "1200"))
 SEED = int(os.environ.get("FLEET_FUZZ_SEED", "12"))
@@ -52,13 +52,8 @@ def _fuzz_config(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def fuzz_fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    f = Fleet(redis_url, config_path=_fuzz_config(tmp_path_factory.mktemp("fuzz") / "fleet.yaml"))
-    try:
-        f.start_gateway()
-        f.start_worker("routing")
+    with serving(redis_url, config_path=_fuzz_config(tmp_path_factory.mktemp("fuzz") / "fleet.yaml")) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def problem(status: int, content: bytes, ctype: str) -> str | None:

@@ -16,8 +16,8 @@ import yaml
 
 from fleet.redis_server import free_port
 from tests.harness import ROOT, TEST_CONFIG, Fleet, wait_until
-from tests.test_dashboard import CHROMIUM
-from tests.test_hardening_edge import typed
+from tests.processes.test_dashboard import CHROMIUM
+from tests.processes.test_hardening_edge import typed
 
 SECRETS = {"user": "sk-user", "reader": "sk-reader", "root": "sk-root"}
 GUARDED = ("/v1/fleet/status", "/metrics")
@@ -177,7 +177,7 @@ def test_openapi_publishes_the_request_models_headers_and_errors(redis_url: str)
 def test_the_dashboard_asks_for_a_key_and_works_with_one(closed: tuple[Fleet, str, int]) -> None:
     from playwright.sync_api import sync_playwright
 
-    from tests.test_dashboard import ARGS
+    from tests.processes.test_dashboard import ARGS
 
     _, base, _ = closed
     with sync_playwright() as p:

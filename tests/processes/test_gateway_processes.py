@@ -16,8 +16,9 @@ import pytest
 
 from fleet.redis_server import free_port
 from tests.harness import Fleet, wait_until
+from tests.paths import TESTS
 
-CONFIG = Path(__file__).resolve().parent / "fleet-admission.yaml"  # sk-limited: 20 requests a minute
+CONFIG = TESTS / "fleet-admission.yaml"  # sk-limited: 20 requests a minute
 PROCESSES = 3
 
 

@@ -22,7 +22,7 @@ from fleetctl.admin_key import SHOWN, ensure_admin_key
 from gateway.auth import beyond_loopback
 from gateway.server import expose
 from tests.harness import ROOT, TEST_CONFIG, Fleet, wait_until
-from tests.test_hardening_edge import typed
+from tests.processes.test_hardening_edge import typed
 
 ADMIN = [("POST", "/v1/fleet/prewarm", {"tier": "routing", "floor": 2, "duration_s": 60}),
          ("POST", "/v1/fleet/models/routing/rollback", {"why": "a stranger"}),

@@ -16,7 +16,8 @@ import ast
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 PACKAGES = ("fleet", "fleetctl", "gateway", "workers", "scaler", "simulator")
 # What each top-level package may import of ours, besides itself.
 ALLOWED: dict[str, set[str]] = {

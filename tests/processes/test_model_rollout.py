@@ -30,8 +30,9 @@ from fleet.redis_server import free_port
 from fleet.store.keys import scaler_leader_key
 from fleet.store.line import Line
 from tests.harness import ROOT, Fleet, LineLoad, call_payload, config_variant, scaled_fleet, wait_until
+from tests.paths import TESTS
 
-CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
+CONFIG = TESTS / "fleet-rollout.yaml"
 TIER = "routing"
 FLOOR = 2
 

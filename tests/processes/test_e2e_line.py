@@ -19,13 +19,7 @@ ON_CLUSTER_TOO = pytest.mark.parametrize("store_url", ["redis", "cluster"], indi
 
 @pytest.fixture
 def up(fleet: Fleet) -> Fleet:
-    fleet.start_gateway()
-    for tier in TIERS:
-        fleet.start_worker(tier, wait=False)
-    for tier in TIERS:
-        wait_until(lambda t=tier: any(fleet.replica_state(t, r) == "ready" for r in fleet.workers), 60,
-                   what=f"{tier} ready")
-    return fleet
+    return fleet.start_gateway().start_tiers(TIERS)
 
 
 def client(f: Fleet, **kw) -> openai.OpenAI:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from fleet.policy.key_budget import worst_case_usd
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.store.key_budget import KeyBudget
-from tests.harness import TEST_CONFIG, Fleet, wait_until
+from tests.harness import TEST_CONFIG, Fleet, serving, wait_until
 
 
 @pytest_asyncio.fixture
@@ -87,13 +87,8 @@ def budget_fleet(redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
                     "budget_usd": 50 * worst}]
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    f = Fleet(redis_url, config_path=path)
-    try:
-        f.start_gateway()
-        f.start_worker("routing")
+    with serving(redis_url, config_path=path) as f:
         yield f
-    finally:
-        f.stop()
 
 
 async def test_200_concurrent_calls_on_a_key_with_budget_for_50(budget_fleet: Fleet) -> None:

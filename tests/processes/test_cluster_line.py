@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,8 +20,9 @@ from fleet.store.keys import TierKeys
 from fleet.store.lua import CLOCK, SHEBANG
 from tests.cluster_harness import PrivateCluster
 from tests.harness import Fleet, wait_until
+from tests.paths import ROOT
 
-STORE = Path(__file__).resolve().parent.parent / "fleet" / "store"
+STORE = ROOT / "fleet" / "store"
 
 
 def _registered_scripts() -> list[tuple[str, str, str]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -18,8 +17,9 @@ from fleet.store.line import Line
 from gateway.admission import Admission, AdmissionRequest, TierView, Usage, refusal
 from gateway.auth import Caller
 from gateway.errors import APIError
+from tests.paths import TESTS
 
-CONFIG = Path(__file__).resolve().parent / "fleet-admission.yaml"
+CONFIG = TESTS / "fleet-admission.yaml"
 
 
 @dataclass

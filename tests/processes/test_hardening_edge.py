@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.harness import Fleet, wait_until
+from tests.harness import Fleet, serving, wait_until
 
 HEAD_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
@@ -25,14 +25,9 @@ CHAT = {"model": "routing", "messages": [{"role": "user", "content": "route this
 
 @pytest.fixture(scope="module")
 def edge(redis_url: str) -> Iterator[Fleet]:
-    f = Fleet(redis_url, env_overrides={"FLEET_GATEWAY__HEADER_TIMEOUT_S": str(HEAD_TIMEOUT_S),
-                                        "FLEET_GATEWAY__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)})
-    try:
-        f.start_gateway()
-        f.start_worker("routing")
+    with serving(redis_url, env_overrides={"FLEET_GATEWAY__HEADER_TIMEOUT_S": str(HEAD_TIMEOUT_S),
+                                           "FLEET_GATEWAY__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def exchange(port: int, data: bytes, wait_s: float = 15.0) -> tuple[int | None, dict[str, str], bytes, float]:

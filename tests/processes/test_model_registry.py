@@ -28,8 +28,9 @@ from fleet.store.model_registry import (
     tier_at_version,
 )
 from tests.harness import ROOT
+from tests.paths import TESTS
 
-CONFIG = Path(__file__).resolve().parent / "fleet-rollout.yaml"
+CONFIG = TESTS / "fleet-rollout.yaml"
 TIER = "routing"
 
 

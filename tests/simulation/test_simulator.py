@@ -23,8 +23,9 @@ from simulator.report import checks, replicas_at, summarize
 from simulator.results import SimResult
 from simulator.run import POLICIES, simulate
 from simulator.scenario import ScenarioError, load_scenario, parse_scenario
+from tests.paths import ROOT
 
-MARKET_OPEN = Path(__file__).resolve().parent.parent / "configs" / "scenarios" / "market-open.yaml"
+MARKET_OPEN = ROOT / "configs" / "scenarios" / "market-open.yaml"
 
 
 @pytest.fixture(scope="module")

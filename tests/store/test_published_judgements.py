@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
@@ -24,8 +23,9 @@ from scaler.backends import Supervised
 from scaler.loop import Scaler
 from scaler.placement import Placement
 from scaler.supervisor import Supervisor
+from tests.paths import TESTS
 
-SCALER_CONFIG = Path(__file__).resolve().parent / "fleet-scaler.yaml"
+SCALER_CONFIG = TESTS / "fleet-scaler.yaml"
 TIER = "routing"
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from loadtests.phases import MARKET_SECONDS, PHASES, phase_at
-from tests.harness import ROOT, Fleet, wait_until
+from tests.harness import ROOT, Fleet
 
 TIERS = ("routing", "analysis", "planner")
 
@@ -25,12 +25,7 @@ def test_market_open_shape_phases() -> None:
 
 
 def test_locust_agents_against_the_fleet(fleet: Fleet, tmp_path: Path) -> None:
-    fleet.start_gateway()
-    for tier in TIERS:
-        fleet.start_worker(tier, wait=False)
-    for tier in TIERS:
-        wait_until(lambda t=tier: any(fleet.replica_state(t, r) == "ready" for r in fleet.workers), 60,
-                   what=f"{tier} ready")
+    fleet.start_gateway().start_tiers(TIERS)
     prefix = tmp_path / "run"
     env = {**os.environ, "LOADTEST_DURATION_S": "20", "LOADTEST_PEAK_USERS": "6", "LOADTEST_CHAIN_DEADLINE_S": "15",
            "LOADTEST_TOKENS": "0.5"}

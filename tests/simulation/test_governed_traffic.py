@@ -23,8 +23,9 @@ from simulator.report import budget_use, committed_missed, flaps, summarize
 from simulator.results import SimResult
 from simulator.run import simulate
 from simulator.scenario import ScenarioError, load_scenario, parse_scenario
+from tests.paths import ROOT
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "configs" / "scenarios"
+SCENARIOS = ROOT / "configs" / "scenarios"
 
 
 def _raw(name: str) -> dict[str, Any]:
