@@ -1,12 +1,9 @@
 """Prefix affinity without Redis: the gateway's prefix key, the replica model's prefix cache,
-the scale-in victim, the config, and the simulator's agent swarm with affinity and without."""
+the scale-in victim and the config."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from fleet.classes import Affinity
 from fleet.config import TierConfig
@@ -14,11 +11,7 @@ from fleet.policy import ObservedReplica, scale_in_victims
 from fleet.prefix import affinity_key, prefix_key
 from fleet.replica_model import PrefixCache
 from fleet.store.affinity import AffinityRules
-from simulator.report import summarize
-from simulator.run import simulate
-from simulator.scenario import parse_scenario
 
-SWARM = Path(__file__).resolve().parents[1] / "configs" / "scenarios" / "agent-swarm.yaml"
 SYSTEM = {"role": "system", "content": "You are a research agent. " * 50}
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 
@@ -69,19 +62,3 @@ def test_the_hold_defaults_to_a_small_fraction_of_the_class_wait_limit() -> None
     assert AffinityRules.of(Affinity(enabled=False), tc.wait_limit_s) is None
     with pytest.raises(ValueError, match="urgent"):
         Affinity(wait_ms={"urgent": 5})
-
-
-def _swarm(affinity: bool) -> dict:
-    raw = yaml.safe_load(SWARM.read_text())
-    raw["duration"] = "15m"
-    raw["fleet"]["tiers"]["analysis"]["affinity"] = {"enabled": affinity}
-    return summarize(simulate(parse_scenario(raw, SWARM), "fleet"), timeline=False)
-
-
-def test_in_the_agent_swarm_the_prefix_caches_spare_prefill_with_affinity_or_without() -> None:
-    on, off = _swarm(True), _swarm(False)
-    assert on["goodput_rps"] == off["goodput_rps"]  # every call of both runs served: affinity loses none
-    for s in (on, off):
-        t = s["tiers"]["analysis"]
-        assert 0.3 < t["prefix_cache_hit_rate"] < 0.9 and t["prefill_tokens"] < t["prompt_tokens"]
-        assert s["tiers"]["routing"]["prefix_cache_hit_rate"] == 0.0  # no conversation there: nothing cached
