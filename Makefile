@@ -60,7 +60,7 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
-# Containers on a machine without a GPU (README "On a machine without a GPU"). The Docker daemon is
+# Containers on a machine without a GPU (docs/operations.md, "On a machine without a GPU"). The Docker daemon is
 # DOCKER_HOST if it answers, else /var/run/docker.sock, else a private one (installed with apt when
 # missing) with its socket at .docker/docker.sock. Images: fleet-base from Debian's packages (cached
 # by content key), fleet-gateway on it.

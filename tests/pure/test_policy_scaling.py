@@ -32,7 +32,7 @@ from fleet.policy import (
     startup_seconds,
 )
 
-# --- The exercise (002_...txt) --------------------------------------------------------
+# --- The autoscaling exercise (docs/architecture.md) -----------------------------------
 
 
 def test_exercise_numbers() -> None:
@@ -70,7 +70,7 @@ def state(**kw: object) -> TierState:
 
 
 def test_scale_out_on_drain_with_its_reason() -> None:
-    # The seed's open: 8 replicas, drain 4.1 s against 2 s; four more drain the line in time.
+    # The worked example's open: 8 replicas, drain 4.1 s against 2 s; four more drain the line in time.
     d = decide_tier(state(waiting=41, service_rate=10.0, arrival_rate=10.0, ready=8, per_replica_rate=1.75),
                     CFG, NOW)
     assert (d.action, d.delta, d.code) == ("scale_out", 4, "drain")
@@ -78,14 +78,14 @@ def test_scale_out_on_drain_with_its_reason() -> None:
 
 
 def test_a_replica_that_joins_takes_a_batch_from_the_line_at_once() -> None:
-    # The seed's open again, knowing each replica runs a batch of 8: a replica that joins
+    # The worked example's open again, knowing each replica runs a batch of 8: a replica that joins
     # takes 8 waiting calls the moment it is ready. Two more leave 41 - 16 = 25 to drain at
     # 10 x 1.75/s: 1.4 s, inside the 2 s threshold; the completion rate alone asked for four.
     d = decide_tier(state(waiting=41, service_rate=10.0, arrival_rate=10.0, ready=8, per_replica_rate=1.75,
                           batch=8), CFG, NOW)
     assert (d.action, d.delta, d.desired) == ("scale_out", 2, 10)
     assert line_need(41, 8, 1.75, 2.0, batch=8) == 10
-    assert line_need(41, 8, 1.75, 2.0) == 12  # without the batch: the seed's count
+    assert line_need(41, 8, 1.75, 2.0) == 12  # without the batch: the worked example's count
     # The planner's cold flash crowd: 8 slots, 11 s calls (0.71/s a replica), one ready, a
     # line of 8 with start-up's arrivals. The rate alone asked for 6; two carry it.
     assert line_need(8, 1, 8 / 11.3, 2.0) == 6

@@ -2,7 +2,7 @@
 served, the budget window spent and never overspent, the compare JSON.
 
 Each test replays one scenario from configs/scenarios/ (or a shortened copy) under our
-policy only, unless it compares: the full comparison of every scenario is the README's
+policy only, unless it compares: the full comparison of every scenario is docs/results.md's
 table (`python scripts/scenario_table.py`), too slow for a test.
 """
 
@@ -135,7 +135,7 @@ def test_steady_poisson_load_never_flaps() -> None:
     """The issue's case: steady 20-24/s on routing. 27 scale-ins over two hours, each undone
     minutes later, before the noise margin and the stabilisation window; none now."""
     raw = _raw("steady-evening")
-    raw["duration"] = "50m"  # the full two hours: the README's table
+    raw["duration"] = "50m"  # the full two hours: docs/results.md's table
     r = simulate(_parse(raw, "steady-evening"), "fleet")
     assert flaps(r) == {"routing": 0, "analysis": 0, "planner": 0}
     assert committed_missed(r) == 0

@@ -37,7 +37,7 @@ def _raw() -> dict[str, Any]:
     return yaml.safe_load(MARKET_OPEN.read_text())
 
 
-# --- The worked example (000_...txt, section IV) ----------------------------------------
+# --- The worked example (docs/architecture.md) ------------------------------------------
 
 
 def test_market_open_serves_every_committed_planner_chain_on_time(market_open: SimResult) -> None:
@@ -264,8 +264,8 @@ def test_the_bound_prices_decoding_at_the_full_batch_a_replica_can_run() -> None
 
 
 def test_the_floors_bound_holds_a_schedule_to_the_scheduled_pre_warm_too() -> None:
-    """DESIGN.md: floor = max(warm floor, active pre-warm). The "every call + floors" bound holds
-    any schedule to the operator's floors, so a scheduled pre-warm counts in it, from the
+    """The design (docs/architecture.md): floor = max(warm floor, active pre-warm). The "every call +
+    floors" bound holds any schedule to the operator's floors, so a scheduled pre-warm counts in it, from the
     window's start (its lead is the policy's way to be ready, not part of the floor); and the
     policy, which keeps those floors, never goes below it."""
     from simulator.bound import floor_steps
