@@ -170,7 +170,7 @@ class Line:
         k = self.keys
         keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *(admitting[:1] if admitting else ())]
         args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
-                           self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS, affinity]
+                           self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS, "", 0, affinity]
         if ack is None or ack.replicas <= 0 or not await self.replicas.known():
             deadline, _ = await self._enqueue(keys=keys, args=args)
             return int(deadline)
