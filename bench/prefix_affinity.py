@@ -156,7 +156,8 @@ async def chain(line: Line, cid: str, turns: int, shared: list[dict[str, Any]], 
         enq[rid] = (time.monotonic(), cid, k)
         await line.enqueue(rid, Priority.interactive, orjson.dumps(body), 600_000,
                            affinity=prefix_key("chat", body))
-        answer = await replies.pop(rid)
+        answer = await replies[rid]
+        del replies[rid]
         msgs = [*msgs, {"role": "assistant", "content": answer}, {"role": "tool", "content": text(rng, 60)},
                 {"role": "user", "content": text(rng, 12)}]
 
