@@ -49,8 +49,9 @@ from fleet.store.events import Done  # noqa: E402
 from fleet.store.line import Line  # noqa: E402
 from tests.tinymodel import _corpus  # noqa: E402
 
-# Words of the test tokenizer's own corpus: about 1.6 tokens each (other words split into letters).
-WORDS = tuple(sorted({b for line in _corpus(400) for w in line.split() if (b := w.strip(".,?!:;-'\"()"))}))
+# Words of the test tokenizer's own corpus, about 1.9 tokens each (other words split into letters):
+# a system prompt of 550 and four tools make the ~1,500 shared tokens, a turn adds ~140.
+WORDS = tuple(sorted({b for line in _corpus(400) for w in line.split() if (b := w.strip(".,?!:;-'\"()")).isalpha()}))
 
 SLOTS = 4  # per replica
 OUT_TOKENS = 16
@@ -147,7 +148,7 @@ async def replica(name: str, engine: Any, line: Line, stop: asyncio.Event, repli
 async def chain(line: Line, cid: str, turns: int, shared: list[dict[str, Any]], tools: list[dict[str, Any]],
                 rng: random.Random, replies: dict[str, asyncio.Future[str]],
                 enq: dict[str, tuple[float, str, int]]) -> None:
-    msgs = [*shared, {"role": "user", "content": f"Task {cid}: " + text(rng, 40)}]
+    msgs = [*shared, {"role": "user", "content": f"Task {cid}: " + text(rng, 30)}]
     for k in range(turns):
         body = {"model": "bench", "messages": msgs, "tools": tools, "tool_choice": "none", "max_tokens": OUT_TOKENS,
                 "ignore_eos": True, "temperature": 0.0}
@@ -158,8 +159,8 @@ async def chain(line: Line, cid: str, turns: int, shared: list[dict[str, Any]], 
                            affinity=prefix_key("chat", body))
         answer = await replies[rid]
         del replies[rid]
-        msgs = [*msgs, {"role": "assistant", "content": answer}, {"role": "tool", "content": text(rng, 60)},
-                {"role": "user", "content": text(rng, 12)}]
+        msgs = [*msgs, {"role": "assistant", "content": answer}, {"role": "tool", "content": text(rng, 40)},
+                {"role": "user", "content": text(rng, 8)}]
 
 
 async def run_mode(mode: Mode, affine: bool, engines: dict[str, Any], url: str, args: argparse.Namespace,
@@ -169,10 +170,10 @@ async def run_mode(mode: Mode, affine: bool, engines: dict[str, Any], url: str, 
     line: Line = (AffineLine(r, ns, "agents", rules=AffinityRules(), blocking=blocking) if affine
                   else Line(r, ns, "agents", blocking=blocking))
     rng = random.Random(seed)
-    shared = [{"role": "system", "content": "You are a trading agent. " + text(rng, 700)}]
-    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": text(rng, 20),
+    shared = [{"role": "system", "content": "You are a trading agent. " + text(rng, 550)}]
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": text(rng, 12),
                                                "parameters": {"type": "object", "properties": {}}}}
-             for i in range(8)]
+             for i in range(4)]
     stop, replies, enq = asyncio.Event(), {}, {}
     for rec in engines.values():
         rec._counting._engine.mode = mode
