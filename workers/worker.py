@@ -26,10 +26,11 @@ from redis.exceptions import RedisError
 from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.policy import replica_concurrency, tier_capacity
+from fleet.store.affinity import tier_line
 from fleet.store.events import Done, Failed
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger, TokenCharge
-from fleet.store.line import Claimed, Line
+from fleet.store.line import Claimed
 from fleet.store.payloads import BadPayload, CallPayload
 from fleet.store.version_outcomes import queue_outcome
 from fleet.tasks import cancel_and_wait
@@ -38,7 +39,7 @@ from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.serving import Progress, run_engine
 from workers.streaming import LeaseLost, StreamWriter
-from workers.waiting import wait_and_claim
+from workers.waiting import WAIT_S, wait_and_claim
 
 log = logging.getLogger("fleet.worker")
 
@@ -57,8 +58,7 @@ class Worker:
         self.redis = redis
         self.pubsub_redis = pubsub or redis  # subscriptions wait without a read timeout
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
-        self.line = Line(redis, cfg.namespace, tier, result_ttl_s=cfg.result_ttl_s, rate_window_s=cfg.rate_window_s,
-                         blocking=blocking)
+        self.line = tier_line(redis, cfg, tier, blocking)  # affine where the tier says so
         self.ledger = Ledger(redis, cfg.namespace, tier, self.tc)
         self.state = "starting"
         self.active: dict[str, asyncio.Task[None]] = {}
@@ -171,6 +171,7 @@ class Worker:
         A Redis error waits a little and retries; what already runs keeps running.
         """
         waiting = False  # the next claim waits for the bell first
+        retry_s = WAIT_S  # how long that wait lasts at most
         while not self._draining.is_set():
             if self.parked:
                 await _first(self._resumed.wait(), self._draining.wait())
@@ -194,7 +195,7 @@ class Worker:
             try:
                 caps = self.preemptor.caps(self.concurrency)
                 claimed = await (wait_and_claim(self.line, self._holding, self._wake, self.replica_id, free,
-                                                self.tc.lease_s, caps) if waiting
+                                                self.tc.lease_s, caps, timeout_s=retry_s) if waiting
                                  else self.line.claim(self.replica_id, free, self.tc.lease_s, caps))
             except Exception:  # Redis away: keep what runs, try again shortly
                 log.exception("claim failed; retrying")
@@ -210,6 +211,8 @@ class Worker:
                 # Tracked now, not when its task starts: the next claim's caps count it.
                 self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
             waiting = not claimed.more
+            # Calls left waiting for the replica that caches them: back when they are anyone's.
+            retry_s = claimed.retry_s or WAIT_S
             if claimed and waiting:
                 await asyncio.sleep(0)  # the claimed requests reach their engine before the next wait goes out
 
