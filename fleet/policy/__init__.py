@@ -8,7 +8,8 @@ ceiling itself. The modules, each importing only those above it:
 
 - `capacity`: the autoscaling exercise's functions and the meters;
 - `tier_capacity`: what one replica is assumed to do (`capacity:` profile);
-- `replicas`: replicas by state, and which one leaves on a scale-in;
+- `replicas`: replicas by state, which one leaves on a scale-in, and their
+  health (the start timeout, a wedged replica);
 - `admission`: join the line or be refused, and the service forecast;
 - `scaling`: the tier decision (scale out, in, hold, capped, with its reason),
   the ceilings and their fail-safes;
@@ -73,7 +74,7 @@ from fleet.policy.observation import (
 from fleet.policy.plan import PlanInput, PlanState, TierPlan, plan_tier, with_start_timeout, with_startup
 from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
-from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
+from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims, start_timeout_s, wedged
 from fleet.policy.rollout import (
     Outcome,
     RolloutStep,
@@ -95,8 +96,6 @@ from fleet.policy.scaling import (
     gpu_ceiling,
     line_need,
     rate_with_margin,
-    start_timeout_s,
-    wedged,
 )
 from fleet.policy.tier_budget import (
     BudgetObservation,
