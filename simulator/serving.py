@@ -41,7 +41,10 @@ class Serving:
     def __init__(self, events: EventQueue, ends: CallEnds) -> None:
         self.events = events
         self.ends = ends
-        self.calls_on: dict[str, set[Req]] = {}  # replica id -> the calls it runs (preemption's candidates)
+        # replica id -> the calls it runs (preemption's candidates), in the order they started: a
+        # dict, not a set, so a tie among candidates goes the same way in every run (a set of
+        # calls iterates in memory-address order, which changed the replay from run to run).
+        self.calls_on: dict[str, dict[Req, None]] = {}
 
     # --- replicas ---------------------------------------------------------------
 
@@ -150,7 +153,7 @@ class Serving:
         r.running += 1
         r.model.reserve(req.kv)
         tier.in_flight += 1
-        self.calls_on.setdefault(r.id, set()).add(req)
+        self.calls_on.setdefault(r.id, {})[req] = None
         prefill = prefill_s(tier.profile, req.call.prompt)
         req.first_token = t + prefill  # until it joins the batch: tells this attempt's PREFILLED from a preempted one's
         self.events.push(t + prefill, PREFILLED, req)
@@ -273,7 +276,7 @@ class Serving:
         r.running -= 1
         r.model.free(v.kv)
         tier.in_flight -= 1
-        self.calls_on[r.id].discard(v)
+        self.calls_on[r.id].pop(v, None)
         v.seq = v.replica = None
         v.state = QUEUED
         v.preempted += 1
@@ -289,7 +292,7 @@ class Serving:
     def _release(self, tier: TierSim, req: Req) -> None:
         r = req.replica
         assert r is not None
-        self.calls_on.get(r.id, set()).discard(req)
+        self.calls_on.get(r.id, {}).pop(req, None)
         r.running -= 1
         r.model.free(req.kv)
         tier.in_flight -= 1
