@@ -190,10 +190,7 @@ class Simulator:
     def _run(self) -> SimResult:
         """The event loop: the next event or the next arrival, whichever comes first."""
         wall0 = time.perf_counter()
-        for tier in self.tiers.values():
-            for _ in range(self.policy.initial_replicas(tier.tc)):
-                self.serving.start_replica(tier, ready=True)
-            tier.initial_usd_per_s = tier.alive() * tier.tc.hourly_usd / 3600
+        self._start_fleet()
         self.events.push(0.0, TICK, None)
         arrivals = self.trace.events()
         ai, n_arr = 0, len(arrivals)
@@ -232,10 +229,20 @@ class Simulator:
                     self.start_chain(x)
             else:
                 break
+        return self._result(end, time.perf_counter() - wall0, events)
+
+    def _start_fleet(self) -> None:
+        """Each tier's replicas at the start, ready (the policy says how many)."""
+        for tier in self.tiers.values():
+            for _ in range(self.policy.initial_replicas(tier.tc)):
+                self.serving.start_replica(tier, ready=True)
+            tier.initial_usd_per_s = tier.alive() * tier.tc.hourly_usd / 3600
+
+    def _result(self, end: float, wall_s: float, events: int) -> SimResult:
         # The bill runs until the last accepted call has ended (at least to the replay's end).
         self.events.t = last = max(end, self.events.t)
         for tier in self.tiers.values():
             tier.account(last)
         return SimResult(self.policy.name, self.sc, self.tiers, self.decisions, self.samples, self.chains,
                          self.chains_by_class, budget_report(self.sc, self.tiers, self.tick_s),
-                         wall_s=time.perf_counter() - wall0, events=events, ended_s=last)
+                         wall_s=wall_s, events=events, ended_s=last)
