@@ -28,6 +28,7 @@ from fleet.config import CLASSES, Priority
 from fleet.policy import TierObservation, arrival_rate, drain_s, rate
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
+from simulator.gpus import SimGpus
 from simulator.policies import SimPolicy
 from simulator.results import Sample, SimResult, TimelineEntry
 from simulator.scenario import Scenario
@@ -48,7 +49,7 @@ class Simulator:
         self.tiers = {name: TierSim(name, tc, self.cfg.rate_window_s, scenario.start_epoch)
                       for name, tc in self.cfg.tiers.items()}
         self.events = EventQueue()
-        self.serving = Serving(self.events, self)
+        self.serving = Serving(self.events, self, SimGpus(self.cfg.gpus))
         self.decisions: list[TimelineEntry] = []
         self.samples: dict[str, list[Sample]] = {n: [] for n in self.tiers}
         self.chains: dict[str, dict[str, int]] = {}
@@ -144,7 +145,7 @@ class Simulator:
             tier.trim(self.t)
             govern(self.sc, tier, self.t, self.tick_s, tier.cold_start)
             obs = self.observe(tier)
-            act = self.policy.scale(obs, tier.tc)
+            act = self.policy.scale(obs, tier.tc, gpu_room=self.serving.gpus.room(tier.tc))
             if act.delta > 0:
                 for _ in range(act.delta):
                     self.serving.start_replica(tier)

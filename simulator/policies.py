@@ -67,18 +67,18 @@ class SimPolicy:
               deadline_s: float) -> str | None:
         return None
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
+        """`gpu_room`: more replicas of the tier the replay's free GPUs hold (None: no limit);
+        a start beyond it does not happen, whatever the policy asks."""
         return Action("hold", 0, "hold", "hold")
 
 
 _PRIORITIES = tuple(Priority)
 
-# What the replay has that the live scaler reads from Redis and its supervisor:
-# a scenario carries no operator pre-warm orders (`fleet prewarm`; its scheduled
-# windows are in the tier config, which the plan reads), and its replicas hold
-# no GPUs (the simulator books none), so no GPU room bounds them.
+# What the replay has that the live scaler reads from Redis: a scenario carries no
+# operator pre-warm orders (`fleet prewarm`); its scheduled windows are in the tier
+# config, which the plan reads. Its GPU room is its own (`simulator.gpus`).
 NO_ORDERS: tuple[PrewarmOrder, ...] = ()
-NO_GPU_LIMIT: int | None = None
 
 
 class OurPolicy(SimPolicy):
@@ -110,10 +110,10 @@ class OurPolicy(SimPolicy):
                                                     output_tokens=cap.output_estimate(None), deadline_s=deadline_s))
         return None if d.admitted else d.reason
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
         """As the live scaler's tick (`scaler.loop.Scaler.tick_tier`): `plan_tier` on what the
         replay observed; the calibrated capacity is kept for admission, as the scaler publishes it."""
-        plan = plan_tier(PlanInput(obs, tc, self.tick_s, NO_ORDERS, NO_GPU_LIMIT),
+        plan = plan_tier(PlanInput(obs, tc, self.tick_s, NO_ORDERS, gpu_room),
                          self.plans.get(obs.tier, PlanState()))
         self.plans[obs.tier] = plan.state
         self.capacity[obs.tier] = plan.capacity

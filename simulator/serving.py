@@ -26,6 +26,7 @@ from typing import Protocol
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
 from fleet.replica_model import ReplicaModel, prefill_s
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
+from simulator.gpus import SimGpus
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
 
 
@@ -38,9 +39,10 @@ class CallEnds(Protocol):
 
 
 class Serving:
-    def __init__(self, events: EventQueue, ends: CallEnds) -> None:
+    def __init__(self, events: EventQueue, ends: CallEnds, gpus: SimGpus | None = None) -> None:
         self.events = events
         self.ends = ends
+        self.gpus = gpus or SimGpus(())  # where the replicas are booked (none: no GPU limit)
         # replica id -> the calls it runs (preemption's candidates), in the order they started: a
         # dict, not a set, so a tie among candidates goes the same way in every run (a set of
         # calls iterates in memory-address order, which changed the replay from run to run).
@@ -48,12 +50,15 @@ class Serving:
 
     # --- replicas ---------------------------------------------------------------
 
-    def start_replica(self, tier: TierSim, ready: bool = False) -> SimReplica:
+    def start_replica(self, tier: TierSim, ready: bool = False) -> SimReplica | None:
+        """Start a replica (None when its GPUs fit nowhere: live, the supervisor starts none)."""
         t = self.events.t
+        rid = f"{tier.name}-{tier.seq + 1}"
+        if not self.gpus.place(rid, tier.tc):
+            return None
         tier.account(t)
         tier.seq += 1
-        r = SimReplica(f"{tier.name}-{tier.seq}", ReplicaModel(tier.profile), t,
-                       t + (0.0 if ready else tier.cold_start), ready)
+        r = SimReplica(rid, ReplicaModel(tier.profile), t, t + (0.0 if ready else tier.cold_start), ready)
         tier.replicas.append(r)
         if ready:
             tier.n_ready += 1
@@ -101,6 +106,7 @@ class Serving:
         r.state = "stopped"
         r.stopped = self.events.t
         tier.replicas.remove(r)
+        self.gpus.release(r.id)
         tier.lifecycle_changed()
 
     # --- calls ------------------------------------------------------------------
