@@ -12,6 +12,7 @@ from fleet.config import FleetConfig
 from fleet.governor import govern
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
+from fleet.store.responses import ResponseStore
 from gateway.admission import Admission
 from gateway.auth import KeyRing
 from gateway.redis_loss import Orphans
@@ -34,6 +35,7 @@ class Gateway:
         self.results = ResultReader()  # one reader of every open call's result stream
         self.keyring = keyring or KeyRing(cfg.keys)
         self.orphans = Orphans()  # answered 503 while Redis was away; ended in the line when it returns
+        self.responses = ResponseStore(redis, cfg.namespace, cfg.responses.ttl_s)  # the Responses API's state
         self.started = time.time()
 
     async def govern_unless_a_scaler_does(self) -> None:
