@@ -23,7 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleet.classes import CLASSES, Preemption, Priority, Replication, per_class_positive
+from fleet.classes import CLASSES, Affinity, Preemption, Priority, Replication, per_class_positive
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -159,6 +159,7 @@ class TierConfig(_Strict):
     versions: dict[str, ModelVersionConfig] = Field(default_factory=dict)  # more known versions
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     preemption: Preemption = Field(default_factory=Preemption)
+    affinity: Affinity = Field(default_factory=Affinity)  # claims prefer what a replica has cached
 
     @field_validator("wait_limit_s")
     @classmethod

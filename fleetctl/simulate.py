@@ -22,18 +22,43 @@ from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario
 
 
-def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
-                 plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200) -> int:
-    """Replay a scenario; print the outcome (or JSON); return the exit status.
-
-    Exit 1 when the scenario's `expect:` checks fail, so a scenario can gate a
-    config change in CI; 2 for a bad scenario or policy name.
-    """
+def _scenario(path: str, policy: str, affinity: bool) -> Any:
+    """The scenario to replay (affinity off where asked), or None after saying what is wrong."""
     try:
         sc = load_scenario(path)
         make_policy(policy)
     except (ScenarioError, UnknownPolicy) as e:
         click.echo(f"fleet: {e}", err=True)
+        return None
+    if not affinity:  # the comparison: calls go to the least busy replica, wherever their prefix is cached
+        for tc in sc.cfg.tiers.values():
+            tc.affinity = tc.affinity.model_copy(update={"enabled": False})
+    return sc
+
+
+def _bound_json(bound: dict[str, Any]) -> dict[str, Any]:
+    """The clairvoyant bound as --json writes it: totals, then each tier."""
+    return {
+        "replica_hours": round(sum(b.replica_seconds for b in bound.values()) / 3600, 3),
+        "spend_usd": round(sum(b.spend_usd for b in bound.values()), 4),
+        "tiers": {t: {"replica_hours": round(b.replica_seconds / 3600, 3),
+                      "ready_hours": round(b.ready_s / 3600, 3),
+                      "cold_start_hours": round(b.starting_s / 3600, 3), "peak_replicas": b.peak_replicas,
+                      "committed_calls": b.committed_calls, "infeasible_calls": b.infeasible_calls,
+                      "spend_usd": round(b.spend_usd, 4)} for t, b in bound.items()},
+    }
+
+
+def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
+                 plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200,
+                 affinity: bool = True) -> int:
+    """Replay a scenario; print the outcome (or JSON); return the exit status.
+
+    Exit 1 when the scenario's `expect:` checks fail, so a scenario can gate a
+    config change in CI; 2 for a bad scenario or policy name.
+    """
+    sc = _scenario(path, policy, affinity)
+    if sc is None:
         return 2
     seed = sc.spec.seed if seed is None else seed
     trace = build_trace(sc, seed)
@@ -53,15 +78,7 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     judged = checks(main, hours(served), rows)
     doc: dict[str, Any] = {**summary, "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
     if bound is not None:
-        doc["clairvoyant_bound"] = {
-            "replica_hours": round(sum(b.replica_seconds for b in bound.values()) / 3600, 3),
-            "spend_usd": round(sum(b.spend_usd for b in bound.values()), 4),
-            "tiers": {t: {"replica_hours": round(b.replica_seconds / 3600, 3),
-                          "ready_hours": round(b.ready_s / 3600, 3),
-                          "cold_start_hours": round(b.starting_s / 3600, 3), "peak_replicas": b.peak_replicas,
-                          "committed_calls": b.committed_calls, "infeasible_calls": b.infeasible_calls,
-                          "spend_usd": round(b.spend_usd, 4)} for t, b in bound.items()},
-        }
+        doc["clairvoyant_bound"] = _bound_json(bound)
     doc["clairvoyant_served_bound"] = {
         "replica_hours": round(hours(served), 3),
         "spend_usd": round(sum(b.spend_usd for b in served.values()), 4),

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fleet.config import CLASSES, TierConfig
-from fleet.policy import BudgetSignal, BudgetView, ObservedReplica, Replicas, TierObservation
+from fleet.policy import BudgetView, ObservedReplica, Replicas, TierObservation, budget_signal, observe_tier
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
 from simulator.arrivals import Call, ChainArrival
 
@@ -107,6 +107,10 @@ class TierSim:
         self.n_ready = 0
         self.n_draining = 0
         self.in_flight = 0
+        self.affine = tc.affinity.enabled  # a call goes where its prefix is cached (`fleet.store.affinity`)
+        self.hold_s = [w / 1000 for w in tc.affinity.waits_ms(tc.wait_limit_s)]  # per class rank
+        self.prompt_tokens = 0  # of the calls begun, and of those the tokens their prefills computed
+        self.prefill_tokens = 0
         self.outcomes = [Outcome() for _ in CLASSES]
         self.window_s = window_s
         # Enqueue and completion instants, as the line's sorted sets keep them; `*_head`
@@ -226,11 +230,8 @@ class TierSim:
         w = self.window_s
         oldest = self.oldest_wait(t)
         busy = min(oldest, w) if self.waiting else 0.0
-        v = self.budget_view
-        return TierObservation(
-            tier=self.name, now=self.start_epoch + t, window_s=w, line=tuple(self.by_class),  # type: ignore[arg-type]
-            oldest_wait_s=oldest, in_flight=self.in_flight,
+        return observe_tier(
+            self.name, self.start_epoch + t, w, line=self.by_class, oldest_wait_s=oldest, in_flight=self.in_flight,
             arrivals_in_window=self.arrivals_since(t - w), completions_in_window=self.completions_since(t - w),
             busy_s=busy, completions_while_busy=self.completions_since(t - busy) if busy > 0 else 0,
-            replicas=self._observed() if fresh else self.replicas_seen(),
-            budget=None if v is None else BudgetSignal(v.exhausted, v.retry_at, v.ceiling))
+            replicas=self._observed() if fresh else self.replicas_seen(), budget=budget_signal(self.budget_view))
