@@ -91,14 +91,15 @@ def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0,
         if ch.cls > max_class:
             continue
         whole = all(kept(c) for stage in ch.stages for c in stage)
-        lens = [[shortest(c.tier, c.prompt, c.output) for c in stage] for stage in ch.stages]
+        prompts = uncached_prompts(ch)
+        lens = [[shortest(c.tier, prompts[id(c)], c.output) for c in stage] for stage in ch.stages]
         head, tail = _chain_slack(ch, lens)
         deadline = ch.t + ch.deadline_s
         for k, stage in enumerate(ch.stages):
             for i, c in enumerate(stage):
                 if kept(c):
                     end = deadline - (tail[k][i] if whole else 0.0)
-                    out[c.tier].append(window(c.tier, head[k][i], end, c.prompt, c.output, lens[k][i]))
+                    out[c.tier].append(window(c.tier, head[k][i], end, prompts[id(c)], c.output, lens[k][i]))
     return out
 
 
@@ -118,6 +119,23 @@ def _chain_slack(ch: ChainArrival, lens: list[list[float]]) -> tuple[list[list[f
             parent = j // f
             head[k][j] = head[k - 1][parent] + lens[k - 1][parent]
     return head, tail
+
+
+def uncached_prompts(ch: ChainArrival) -> dict[int, int]:
+    """Per call of a chain (by `id`), the fewest prompt tokens its prefill must compute.
+
+    A conversation's calls re-send one prefix, which a replica may hold cached: a call's
+    prefill is at least its prompt past the longest prefix another call of the chain could
+    have left there (that call's prompt and answer), the best any schedule can do. Other
+    chains' calls compute their whole prompt."""
+    calls = [c for stage in ch.stages for c in stage]
+    prompts = {id(c): c.prompt for c in calls}
+    if ch.conversation and len(calls) > 1:
+        longest = sorted((c.prompt + c.output, id(c)) for c in calls)
+        for c in calls:
+            left = longest[-1][0] if longest[-1][1] != id(c) else longest[-2][0]
+            prompts[id(c)] = max(0, c.prompt - left)
+    return prompts
 
 
 def _ceil_div(a: int, b: int) -> int:
