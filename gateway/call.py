@@ -36,7 +36,7 @@ from fleet.store.events import Chunk, Done, Event, Failed
 from fleet.tasks import spawn
 from gateway.admission import AdmissionRequest
 from gateway.auth import Caller
-from gateway.call_spec import CallSpec
+from gateway.call_spec import CallSpec, fair_place
 from gateway.client_watch import ClientGone, ClientWatch
 from gateway.errors import APIError, from_event
 from gateway.observability import RequestRecorder
@@ -60,6 +60,7 @@ class CallHeaders:
     priority: Priority
     deadline_ms: int
     chain: str = ""
+    flow: str = ""  # its flow within its class in a fair tier (`gateway.call_spec.call_flow`)
 
 
 class Call:
@@ -69,6 +70,7 @@ class Call:
                  rid: str | None = None) -> None:
         self.gw, self.spec, self.caller, self.client = gw, spec, caller, client
         self.priority, self.deadline_ms, self.chain = headers.priority, headers.deadline_ms, headers.chain
+        self.flow = headers.flow or f"key:{caller.name}"
         self.rid = rid or uuid.uuid4().hex
         self.line = gw.lines[spec.tier]
         self.deadline_at = asyncio.get_running_loop().time() + self.deadline_ms / 1000
@@ -119,11 +121,13 @@ class Call:
         """Admission (rate limits, budgets, the tier's drain and the deadline: a typed 429 with
         Retry-After, or a ticket), then the watch, then the line."""
         spec = self.spec
+        output = self.gw.admission.views[spec.tier].capacity.output_estimate(spec.explicit_max_tokens)
+        weight = self.caller.key.weight if self.caller.key else 1.0
         self.ticket = await self.gw.admission.admit(AdmissionRequest(
             rid=self.rid, caller=self.caller, tier=spec.tier, priority=self.priority, deadline_ms=self.deadline_ms,
-            prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
-            expected_output_tokens=self.gw.admission.views[spec.tier].capacity.output_estimate(
-                spec.explicit_max_tokens)))
+            prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens, expected_output_tokens=output,
+            place=fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
+                             output_tokens=output, weight=weight)))
         # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
         self.watch = self.gw.results.watch(self.line, self.rid)
         await self.ticket.enqueue(self.line, spec.payload(self.caller.name), self.chain)
