@@ -120,3 +120,28 @@ async def test_preempted_call_keeps_its_place(line: Line) -> None:
     order = await claim_all(line)
     assert order[0] == com and order[1] == a[0]  # back at the head of its class, ahead of newcomers
     assert [r for r in order if r in a] == a and set(b) <= set(order)
+
+
+async def test_admission_sees_the_fair_order(line: Line) -> None:
+    """A flooding flow is refused for its own backlog (its Retry-After from its own wait); a quiet
+    flow of the same class, asking at the same instant, is admitted."""
+    from fleet.policy import ServiceForecast, admit
+    from fleet.policy.fairness import fair_line
+    from fleet.store.admitting import Admitting
+
+    await put(line, "key:flood", 40)
+    adm = Admitting(line.redis)
+    forecast = ServiceForecast(rate=10.0, delay_s=0.0, basis="measured")
+    seen = {}
+    for flow in ("key:flood", "key:quiet"):
+        snap = await adm.observe_and_mark(line.keys, line.prefix, f"1:{flow}", 5000, (1, Place(flow, COST, 60.0)))
+        assert snap.ahead_in_class is not None
+        ahead = sum(fair_line(snap.line, Priority.interactive, snap.ahead_in_class)[:2])
+        seen[flow] = admit(Priority.interactive, ahead=ahead, forecast=forecast, service_s=0.2, wait_limit_s=2.0,
+                           deadline_s=None)
+    assert seen["key:flood"].ahead == 40 and seen["key:flood"].reason == "drain_exceeded"
+    assert seen["key:flood"].retry_after_s >= 2  # its own 40 ahead at 10/s, less the 2 s limit
+    assert seen["key:quiet"].admitted and seen["key:quiet"].ahead <= 1
+    # In a fifo tier (no place) the whole class is ahead of everyone.
+    snap = await adm.observe_and_mark(line.keys, line.prefix, "1:x", 5000)
+    assert snap.ahead_in_class is None and snap.waiting[1] == 40

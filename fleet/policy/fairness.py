@@ -7,8 +7,8 @@ a class the line serves the flow that has been served least: each call's place i
 (`fleet.store.flows`), the simulator here, with the same rule:
 
 - a flow with calls still waiting continues after its last one: its calls keep their order;
-- otherwise it starts at the class's clock `v` (the least-served waiting flow: the head of
-  the class, never lower than any head seen before), plus what it was served beyond that
+- otherwise it starts at the class's clock `v` (the least-served waiting flow: just after the
+  head of the class, never lower than any clock before), plus what it was served beyond that
   clock, halved every `half_life_s` since its last call: a flow that just took a lot waits
   its turn, and is forgiven with time; a flow never seen starts level, not at zero;
 - its next call's start is this one's plus the call's cost (at least 1).
@@ -43,9 +43,10 @@ def call_cost(prompt_tokens: int, output_tokens: int, *, output_weight: float, w
 
 
 def class_clock(stored: float, head: float | None) -> float:
-    """The class's clock: the head of the class waiting (least-served waiting flow), never lower
-    than the stored clock (a requeued call at the head has an old, lower score)."""
-    return stored if head is None else max(stored, head)
+    """The class's clock: just after the head of the class waiting (the least-served waiting
+    flow: a newcomer goes after it, never level, so a requeued or preempted call at the head keeps
+    its place), never lower than the stored clock (such a call has an old, lower score)."""
+    return stored if head is None else max(stored, head + 1)
 
 
 def flow_start(v: float, flow: FlowTag | None, *, backlogged: bool, now_ms: int, half_life_s: float) -> float:

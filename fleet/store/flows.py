@@ -34,7 +34,7 @@ local function flow_start(line, clock, fkey, rank, half_ms)
   local stored = tonumber(redis.call('HGET', clock, rank) or '0')
   local v = stored
   local head = redis.call('ZRANGEBYSCORE', line, n2s(lo), '(' .. n2s(lo + 1e15), 'WITHSCORES', 'LIMIT', 0, 1)
-  if #head > 0 then v = math.max(v, tonumber(head[2]) - lo) end
+  if #head > 0 then v = math.max(v, tonumber(head[2]) - lo + 1) end  -- just after the head, never level
   local rec = redis.call('GET', fkey)
   if not rec then return math.floor(v), v, stored end
   local tag, at, last = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
