@@ -9,6 +9,7 @@ import click
 
 from simulator.arrivals import build_trace
 from simulator.bound import clairvoyant_bound
+from simulator.fairness import FAIRNESS_EXPECT, fairness_checks, fairness_rows, flow_summary, render_fairness
 from simulator.report import checks, compare_rows, render_checks, render_compare, render_summary, summarize
 from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario
@@ -42,7 +43,15 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
         rows = compare_rows([summary, *(summarize(o, timeline=False) for o in others)], bound, bound_all,
                             bound_floors)
     judged = checks(main, floors_hours, rows)
-    doc: dict[str, Any] = {**summary, "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
+    exp = sc.spec.expect
+    # fifo against fair on the same trace: with --compare, or when the scenario expects it.
+    fair_rows = fairness_rows(sc, policy, seed, trace) if compare or any(k in exp for k in FAIRNESS_EXPECT) else None
+    if fair_rows is not None:
+        judged += fairness_checks(fair_rows, exp)
+    doc: dict[str, Any] = {**summary, "flows": flow_summary(main, exp.get("flood_key")),
+                           "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
+    if fair_rows is not None:
+        doc["fairness_compare"] = fair_rows
     if bound is not None:
         doc["clairvoyant_bound"] = {
             "replica_hours": round(sum(b.replica_seconds for b in bound.values()) / 3600, 3),
@@ -76,6 +85,14 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
             click.echo("clairvoyant rows: replica-hours below which no schedule serves those calls on time, "
                        "knowing the trace and the cold start (the first row is the lower bound of the issue: "
                        "committed calls, no floor)")
+        fl = doc["flows"]
+        click.echo(f"chains: {fl['chains_completed']} completed (p50 {fl['chain_p50_s']} s, "
+                   f"p99 {fl['chain_p99_s']} s), "
+                   f"{fl['chains_refused_or_late']} with a call refused or late")
+        if fair_rows is not None:
+            click.echo("")
+            click.echo("fair against fifo within each class (same trace, same seed)")
+            click.echo(render_fairness(fair_rows))
         if judged:
             click.echo("")
             click.echo("checks (the scenario's expect:)")

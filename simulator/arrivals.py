@@ -28,6 +28,7 @@ class Call:
     cls: int  # Priority value: 0 committed .. 3 background
     prompt: int
     output: int
+    flow: str = ""  # its flow in a fair line: "key:<key>" of its arrival process, or its chain's
 
 
 @dataclass(slots=True)
@@ -148,7 +149,7 @@ def build_trace(sc: Scenario, seed: int | None = None) -> Trace:
             gc.enable()
 
 
-def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> list[Arrival]:
+def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random, flow: int) -> list[Arrival]:
     """A trace arrival's calls, each in its class (drawn by the fractions when split)."""
     shares = [(int(Priority[name]), cum, sc.deadline_ms(name, a.deadline_ms) / 1000) for name, cum in a.fractions()]
     out = []
@@ -158,7 +159,7 @@ def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> lis
         else:
             u = rng.random()
             cls, _, dl = next((x for x in shares if u < x[1]), shares[-1])
-        out.append(Arrival(t, Call(tier, cls, prompt, output), dl))
+        out.append(Arrival(t, Call(tier, cls, prompt, output, f"arrivals:{flow}"), dl))
     return out
 
 
@@ -169,13 +170,14 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
         rng = random.Random(f"{seed}/arrivals/{i}")
         tier = sc.cfg.resolve_model(a.tier) or a.tier
         if isinstance(a, TraceArrival):
-            arrivals += _traced(sc, a, tier, rng)
+            arrivals += _traced(sc, a, tier, rng, i)
             continue
         cls = int(Priority[a.cls])
         deadline_s = sc.deadline_ms(a.cls, a.deadline_ms) / 1000
         prompt, output = sampler(a.prompt_tokens), sampler(a.output_tokens)
+        flow = f"key:{a.key}" if a.key else f"arrivals:{i}"
         for t in _times(sc, a, rng):
-            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng)), deadline_s))
+            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s))
     chains: list[ChainArrival] = []
     for i, c in enumerate(sc.spec.chains):
         rng = random.Random(f"{seed}/chains/{i}")
@@ -183,12 +185,13 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
         fanouts = [st.fanout for st in c.stages]
         shapes = [(sc.cfg.resolve_model(st.tier) or st.tier, sampler(st.prompt_tokens), sampler(st.output_tokens))
                   for st in c.stages]
-        for t in _times(sc, c, rng):
+        for j, t in enumerate(_times(sc, c, rng)):
             stages: list[list[Call]] = []
             n = 1
+            flow = f"chain:{c.name}#{j}"  # each chain its own flow, as X-Chain-Id names it live
             for st, (tier, prompt, output) in zip(c.stages, shapes, strict=True):
                 n *= st.fanout
-                stages.append([Call(tier, cls, prompt(rng), output(rng)) for _ in range(n)])
+                stages.append([Call(tier, cls, prompt(rng), output(rng), flow) for _ in range(n)])
             chains.append(ChainArrival(t, c.name, cls, c.deadline_ms / 1000, stages, fanouts))
     arrivals.sort(key=lambda a: a.t)
     return Trace(arrivals, chains)

@@ -26,6 +26,7 @@ from typing import Protocol
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
 from fleet.replica_model import ReplicaModel, prefill_s
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
+from simulator.line import FlowShares
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
 
 
@@ -38,10 +39,12 @@ class CallEnds(Protocol):
 
 
 class Serving:
-    def __init__(self, events: EventQueue, ends: CallEnds) -> None:
+    def __init__(self, events: EventQueue, ends: CallEnds, shares: FlowShares | None = None) -> None:
         self.events = events
         self.ends = ends
         self.calls_on: dict[str, set[Req]] = {}  # replica id -> the calls it runs (preemption's candidates)
+        self.shares = shares or FlowShares(events)  # Jain's index over backlogged flows (`fleet simulate --compare`)
+        self.key_waits: dict[str, list[float]] = {}  # "key:<name>" flow -> waits in line of its completed calls
 
     # --- replicas ---------------------------------------------------------------
 
@@ -105,7 +108,10 @@ class Serving:
     def enqueue(self, tier: TierSim, req: Req) -> None:
         """An admitted call joins its tier's line (and is taken at once if a replica has room)."""
         tier.enq_times.append(self.events.t)
-        tier.line[req.call.cls].append(req)
+        tier.lseq += 1
+        now_ms = int((tier.start_epoch + self.events.t) * 1000)
+        tier.line[req.call.cls].place(req, tier.lseq, tier.cost(req.call), now_ms,
+                                      tier.fair.half_life_s if tier.fair else 60.0)
         tier.by_class[req.call.cls] += 1
         tier.waiting += 1
         self.dispatch(tier)
@@ -147,6 +153,8 @@ class Serving:
         req.state = RUNNING
         req.start = t
         req.replica = r
+        served = self.shares.served
+        served[req.call.flow] = served.get(req.call.flow, 0.0) + req.call.prompt + 2 * req.call.output
         r.running += 1
         r.model.reserve(req.kv)
         tier.in_flight += 1
@@ -196,6 +204,8 @@ class Serving:
         out.completed += 1
         tier.done_times.append(t)
         out.waits.append(req.start - req.t_arr)
+        if req.call.flow.startswith("key:"):
+            self.key_waits.setdefault(req.call.flow, []).append(req.start - req.t_arr)
         out.ttfts.append(req.first_token - req.t_arr)
         if req.call.output > 1:
             # TPOT as vLLM's bench defines it: (latency - TTFT) / (output tokens - 1).
@@ -234,6 +244,7 @@ class Serving:
             return
         tier = req.tier
         req.state = FINISHED
+        tier.line[req.call.cls].remove(req)
         tier.by_class[req.call.cls] -= 1
         tier.waiting -= 1
         tier.outcomes[req.call.cls].expired_waiting += 1
@@ -277,11 +288,7 @@ class Serving:
         v.seq = v.replica = None
         v.state = QUEUED
         v.preempted += 1
-        q = tier.line[v.call.cls]
-        at = 0
-        while at < len(q) and q[at].t_arr <= v.t_arr:
-            at += 1
-        q.insert(at, v)
+        tier.line[v.call.cls].put_back(v)  # with its own score: its place, as the line's PREEMPT
         tier.by_class[v.call.cls] += 1
         tier.waiting += 1
         self.events.push(v.deadline, EXPIRE, v)
