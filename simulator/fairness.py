@@ -19,7 +19,8 @@ from simulator.results import SimResult
 from simulator.run import simulate
 from simulator.scenario import Scenario
 
-FAIRNESS_EXPECT = ("quiet_p99_vs_alone", "goodput_vs_fifo", "chain_mean_vs_fifo", "chain_p99_vs_fifo", "jain_min")
+FAIRNESS_EXPECT = ("quiet_p99_vs_alone", "quiet_p99_wait_max_s", "quiet_p99_vs_fifo", "goodput_vs_fifo",
+                   "chain_mean_vs_fifo", "chain_p99_vs_fifo", "jain_min")
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -68,6 +69,17 @@ def fairness_checks(rows: list[dict[str, Any]], exp: dict[str, Any]) -> list[tup
         a, f = alone["quiet_p99_wait_s"] or 0.0, fair["quiet_p99_wait_s"] or 0.0
         out.append((f"quiet keys' p99 wait within {exp['quiet_p99_vs_alone']}x of theirs with no flood",
                     f <= exp["quiet_p99_vs_alone"] * max(a, 0.01), f"{f * 1000:.0f} ms vs {a * 1000:.0f} ms alone"))
+    if "quiet_p99_wait_max_s" in exp:
+        f = fair["quiet_p99_wait_s"]
+        seen = "no quiet call" if f is None else f"{f * 1000:.0f} ms"
+        if f is not None and alone and alone["quiet_p99_wait_s"] is not None:
+            seen += f" ({alone['quiet_p99_wait_s'] * 1000:.0f} ms with no flood)"
+        out.append((f"quiet keys' p99 wait at most {exp['quiet_p99_wait_max_s']} s with the flood",
+                    f is not None and f <= exp["quiet_p99_wait_max_s"], seen))
+    if "quiet_p99_vs_fifo" in exp and fair["quiet_p99_wait_s"] and fifo["quiet_p99_wait_s"]:
+        x = fifo["quiet_p99_wait_s"] / fair["quiet_p99_wait_s"]
+        out.append((f"quiet keys' p99 wait at least {exp['quiet_p99_vs_fifo']}x better than fifo",
+                    x >= exp["quiet_p99_vs_fifo"], f"{x:.1f}x"))
     if "goodput_vs_fifo" in exp:
         out.append((f"goodput at least {exp['goodput_vs_fifo']}x fifo's",
                     fair["goodput_rps"] >= exp["goodput_vs_fifo"] * fifo["goodput_rps"] - 1e-9,

@@ -13,12 +13,21 @@ index over the flows backlogged through a window (`FlowShares`).
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fleet.policy.fairness import FlowTag, class_clock, flow_start, jain_index
 
-if TYPE_CHECKING:
-    from simulator.state import Req
+
+class _Flowing(Protocol):
+    flow: str
+
+
+class Req(Protocol):
+    """What the line needs of a call (`simulator.state.Req`; not imported: state imports this)."""
+
+    call: _Flowing
+    score: float
+    lseq: int
 
 
 class ClassLine:
