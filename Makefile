@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: up test setup vllm lint bench loadtest chromium clean images compose-up compose-down test-containers
+.PHONY: up test test-fast setup vllm lint bench loadtest chromium clean images compose-up compose-down test-containers
 
 # uv (installed into the venv with pip) resolves the agent frameworks' dependency set in seconds,
 # where pip's resolver stalls on it.
@@ -36,6 +36,11 @@ test: $(STAMP) $(VLLM_STAMP) chromium
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
+# The fast loop: pure and store tests (no vLLM, no Chromium, no processes), under a minute.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "pure or store" tests/pure tests/store
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -55,7 +60,7 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
-# Containers on a machine without a GPU (README "On a machine without a GPU"). The Docker daemon is
+# Containers on a machine without a GPU (docs/operations.md, "On a machine without a GPU"). The Docker daemon is
 # DOCKER_HOST if it answers, else /var/run/docker.sock, else a private one (installed with apt when
 # missing) with its socket at .docker/docker.sock. Images: fleet-base from Debian's packages (cached
 # by content key), fleet-gateway on it.
@@ -70,4 +75,4 @@ compose-down: $(STAMP)
 
 # The container tests alone (`make test` runs them too).
 test-containers: $(STAMP)
-	$(BIN)/python -m pytest -q tests/test_containers*.py
+	$(BIN)/python -m pytest -q tests/containers/

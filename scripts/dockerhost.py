@@ -111,7 +111,7 @@ def start_private() -> str:
 
 
 def resolve() -> str:
-    """The DOCKER_HOST to use, in the order the README gives."""
+    """The DOCKER_HOST to use, in the order docs/operations.md gives."""
     env_host = os.environ.get("DOCKER_HOST")
     if env_host and answers(env_host):
         return env_host

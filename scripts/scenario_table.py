@@ -1,4 +1,4 @@
-"""Print the comparison table of every scenario in configs/scenarios/ as Markdown (for the README).
+"""Print the comparison table of every scenario in configs/scenarios/ as Markdown (for docs/results.md).
 
     python scripts/scenario_table.py            # every scenario, every policy (several minutes)
     python scripts/scenario_table.py a.yaml ... # only these

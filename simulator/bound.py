@@ -130,8 +130,8 @@ def least_busy_s(prefill_s: float, output: int, slots: int, base_s: float, per_s
 
 def floor_steps(sc: Scenario, tier: str) -> list[tuple[float, int]]:
     """The floor the operator holds the tier to over the replay, as (t, floor) breakpoints in replay
-    seconds: its warm floor, raised by each scheduled pre-warm window while it is open (DESIGN.md:
-    floor = max(warm floor, active pre-warm)). A window's lead is not counted: the start-up before
+    seconds: its warm floor, raised by each scheduled pre-warm window while it is open (the design's
+    floor = max(warm floor, active pre-warm), docs/architecture.md). A window's lead is not counted: the start-up before
     it is the policy's way of having the floor resident, not part of the floor."""
     tc = sc.cfg.tiers[tier]
     t0, end = sc.start_epoch, sc.duration_s

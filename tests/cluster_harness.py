@@ -48,18 +48,17 @@ class PrivateCluster:
             raise NoRedis("redis-server and redis-cli are needed for the cluster tests")
         self.dir = tempfile.mkdtemp(prefix="fleet-cluster-")
         for i in range(self.masters * (1 + self.replicas)):
-            port, bus = free_port(), free_port()
-            proc = subprocess.Popen(
-                [exe, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
-                 "--cluster-enabled", "yes", "--cluster-config-file", f"{self.dir}/nodes-{i}.conf",
-                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no",
-                 "--dir", self.dir, "--maxclients", "10000"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.nodes.append(ClusterNodeProc(port, bus, proc))
+            self.nodes.append(self._spawn(exe, i))
         end = time.monotonic() + timeout
-        for n in self.nodes:
+        for i, n in enumerate(self.nodes):
+            respawns = 0
             while not self._pings(n):
-                if time.monotonic() > end or not n.alive():
+                if not n.alive() and respawns < 3:
+                    # A free port is free only when it is picked: another process (or this
+                    # cluster's own bus port) can take it before redis-server binds it. Try others.
+                    respawns += 1
+                    n = self.nodes[i] = self._spawn(exe, i)
+                elif time.monotonic() > end or not n.alive():
                     self.stop()
                     raise NoRedis(f"cluster node on port {n.port} did not start")
                 time.sleep(0.05)
@@ -72,6 +71,20 @@ class PrivateCluster:
                 raise NoRedis("the cluster did not reach cluster_state:ok with every replica in sync")
             time.sleep(0.1)
         return self
+
+    def _spawn(self, exe: str, i: int) -> ClusterNodeProc:
+        """One cluster node on a client port and a bus port that no other node of this cluster holds."""
+        taken = {p for n in self.nodes for p in (n.port, n.bus_port)}
+        port = bus = 0
+        while port in taken or bus in taken or port == bus:
+            port, bus = free_port(), free_port()
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
+             "--cluster-enabled", "yes", "--cluster-config-file", f"{self.dir}/nodes-{i}-{port}.conf",
+             "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--maxclients", "10000"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return ClusterNodeProc(port, bus, proc)
 
     @staticmethod
     def _pings(n: ClusterNodeProc) -> bool:

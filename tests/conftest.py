@@ -8,6 +8,19 @@ import pytest
 from fleet.redis_server import PrivateRedis
 from tests.cluster_harness import PrivateCluster
 from tests.harness import Fleet
+from tests.paths import TESTS
+
+# A test's weight is its folder: pure (no Redis), store (a private Redis, no processes),
+# processes (the fleet's parts as processes), engines (vLLM, an upstream), containers (Docker),
+# simulation (scenario replays). Each folder is a marker of the same name: `-m "pure or store"`.
+WEIGHTS = ("pure", "store", "processes", "engines", "containers", "simulation")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = item.path.relative_to(TESTS) if item.path.is_relative_to(TESTS) else None
+        if rel is not None and len(rel.parts) > 1 and rel.parts[0] in WEIGHTS:
+            item.add_marker(getattr(pytest.mark, rel.parts[0]))
 
 
 @pytest.fixture(scope="session")

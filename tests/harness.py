@@ -169,6 +169,14 @@ class Fleet:
             wait_until(lambda: self.replica_state(tier, rid) == "ready", 60, what=f"replica {rid} ready")
         return rid
 
+    def start_tiers(self, tiers: tuple[str, ...] | list[str], timeout: float = 60) -> Fleet:
+        """One worker a tier, started together (they load in parallel), then each waited for."""
+        started = [(tier, self.start_worker(tier, wait=False)) for tier in tiers]
+        for tier, rid in started:
+            wait_until(lambda t=tier, r=rid: self.replica_state(t, r) == "ready", timeout,
+                       what=f"replica {rid} ready")
+        return self
+
     def replica_state(self, tier: str, rid: str) -> str | None:
         raw = self.r.hget(self.keys(tier).replicas, rid)
         return orjson.loads(raw)["state"] if raw else None
@@ -191,6 +199,19 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@contextlib.contextmanager
+def serving(redis_url: str, tiers: tuple[str, ...] = ("routing",), **fleet: Any) -> Iterator[Fleet]:
+    """A fleet with its gateway up and one ready worker a tier; everything stopped at the end.
+    The fixture most process tests share (`fleet` is a `Fleet` field: config_path, env_overrides)."""
+    f = Fleet(redis_url, **fleet)
+    try:
+        f.start_gateway()
+        f.start_tiers(tiers)
+        yield f
+    finally:
+        f.stop()
 
 
 @contextlib.contextmanager

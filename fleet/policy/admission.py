@@ -3,7 +3,8 @@
 The gateway observes a tier (line by class, completions, replicas, budget
 state) and asks `admit` through `fleet.policy.observation.judge_admission`; the
 simulator asks the same function the same way, in simulated time. The rule
-(DESIGN.md, "Policy"):
+(docs/architecture.md, "What the policy keeps from its sources", refined by
+docs/decisions/0009 and 0010):
 
     wait in line   = start-up still to pay + requests ahead of it of its class or higher / service rate
     time to finish = wait in line + its own expected service time

@@ -1,7 +1,8 @@
 """Capacity math: the autoscaling exercise and the meters. Pure; no I/O.
 
 The base functions keep the exact names and meanings of the autoscaling
-exercise (`002_...txt`); the tier decision, admission and budget governor
+exercise (written out in docs/architecture.md, "What the policy keeps from its
+sources"); the tier decision, admission and budget governor
 build on them.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-# --- The exercise (`002_98295755274bd3b5.txt`) ------------------------------
+# --- The autoscaling exercise (docs/architecture.md) ---------------------------
 
 
 def startup_seconds(weight_bytes: float, load_bytes_per_s: float, warmup_s: float) -> float:

@@ -4,7 +4,7 @@ The live scaler and the simulator both observe a tier (its line, rates,
 replicas, pre-warms, budget and GPU room), build a `TierState`, and call
 `decide_tier(state, cfg, now)`. What comes back is a typed `ScaleDecision` that
 carries its reason, so the operator, the metrics and the replay all see the
-same why. The rules (`000_...txt` part III, `002_...txt`):
+same why. The rules (docs/architecture.md, "What the policy keeps from its sources"):
 
 - the signal is seconds-to-drain (requests in line / served per second), with
   the oldest wait as a second signal; never utilisation;

@@ -1,9 +1,10 @@
 """The budget governor's math: pure functions of spend, burn and `now`. No I/O.
 
-Part four of `000_...txt`: "attach a budget to each endpoint and let it bound
+The lesson on capacity governance (docs/architecture.md, "What the policy keeps from its
+sources"): "attach a budget to each endpoint and let it bound
 the autoscaler's ceiling. When an endpoint's projected spend for the day
 crosses its budget, the autoscaler stops adding capacity and the fleet sheds
-instead." The chapter (`002_...txt`) gives the unit: cost per million
+instead." The autoscaling exercise gives the unit: cost per million
 *useful* tokens, C = 1e6 * H / (3600 * r).
 
 The pieces, each taking `now` (epoch seconds) as input so the live governor and

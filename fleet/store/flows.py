@@ -27,7 +27,7 @@ from fleet.store.keys import TierKeys
 # After CLOCK (needs `now`, `n2s`). `flow_start(line, clock, flow, rank, half_ms)` returns the
 # start tag of the flow's next call in class `rank`, the class clock it was judged on and the
 # clock as stored (ENQUEUE raises it); the
-# rule is `fleet.policy.fairness.flow_start` (kept alike: tests/test_fair_line.py compares them).
+# rule is `fleet.policy.fairness.flow_start` (kept alike: tests/store/test_fair_line.py compares them).
 FLOW_START = """
 local function flow_start(line, clock, fkey, rank, half_ms)
   local lo = rank * 1e15

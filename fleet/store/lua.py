@@ -13,7 +13,7 @@ from __future__ import annotations
 # another slot (another tier's, say) fails the script with "Script attempted to
 # access keys that do not hash to the same slot", where a script without it
 # would silently work whenever both slots happen to live on one node. Needs
-# Redis >= 7.0. tests/test_cluster_line.py checks every registered script starts so.
+# Redis >= 7.0. tests/processes/test_cluster_line.py checks every registered script starts so.
 SHEBANG = "#!lua\n"
 
 CLOCK = SHEBANG + """local t = redis.call('TIME')
