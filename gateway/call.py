@@ -81,6 +81,7 @@ class Call:
         self.events: AsyncIterator[Event] | None = None
         self.told: str | None = None  # the outcome its caller was told: set once, by `end`
         self.streaming = False  # handed to a stream, which ends it when it is done
+        self.chain_open = False  # counted open in its chain's record: `end` closes it
 
     @property
     def headers(self) -> dict[str, str]:
@@ -105,6 +106,9 @@ class Call:
         away or silent as the typed 503 (the request, which may have joined, becomes an orphan)."""
         try:
             async with asyncio.timeout_at(self.deadline_at + GRACE_S):
+                if self.chain:  # its chain is open while any of its calls is (fleet.store.chains)
+                    await self.gw.chains.start(self.chain, self.spec.tier, self.priority.name)
+                    self.chain_open = True
                 await self._join()
                 assert self.events is not None
                 first = await self.client.race(self.events.__anext__())
@@ -153,6 +157,8 @@ class Call:
             return
         self.told = told
         self.client.stop()
+        if self.chain_open:  # refused or late unless it completed (a caller hanging up is neither)
+            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED)))
         if self.watch is not None:
             self.watch.close()
         if self.events is not None:

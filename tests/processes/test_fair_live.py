@@ -30,7 +30,8 @@ QUIET_CALLS = 12
 
 @pytest.fixture(scope="module")
 def up(redis_url: str) -> Iterator[tuple[Fleet, str, str]]:
-    f = Fleet(redis_url, config_path=CONFIG)
+    # Chains quiet for half a second count complete (the default is 30 s).
+    f = Fleet(redis_url, config_path=CONFIG, env_overrides={"FLEET_FAIR_LINE__CHAIN_IDLE_S": "0.5"})
     try:
         f.start_gateway()
         a = f.base_url
@@ -110,6 +111,34 @@ def test_a_runaway_chain_does_not_starve_another_key(up: tuple[Fleet, str, str])
     print(f"quiet p90: alone {alone * 1000:.0f} ms, flooded fair {fair * 1000:.0f} ms, fifo {fifo * 1000:.0f} ms")
     assert fair <= bound, f"fair p90 {fair:.3f}s over {bound:.3f}s (alone {alone:.3f}s)"
     assert fifo > bound, f"fifo p90 {fifo:.3f}s within the bound: the measurement cannot tell fair from fifo"
+
+
+def test_status_and_metrics_report_chains_as_a_whole(up: tuple[Fleet, str, str]) -> None:
+    """Chains completed, those with a call refused, completion time: from any gateway."""
+    _f, a, b = up
+    admin = {"authorization": "Bearer sk-admin"}
+    before = httpx.get(f"{b}/v1/fleet/status", headers=admin, timeout=10).json()["chains"]
+    for chain in ("good-1", "good-2"):
+        for _ in range(2):
+            r = httpx.post(f"{a}/v1/chat/completions", json=_body("fair"), timeout=30,
+                           headers={**QUIET, "x-chain-id": chain})
+            assert r.status_code == 200
+    ok = httpx.post(f"{a}/v1/chat/completions", json=_body("fair"), timeout=30,
+                    headers={**QUIET, "x-chain-id": "bad-1"})
+    shed = httpx.post(f"{a}/v1/chat/completions", json=_body("fair"), timeout=30,
+                      headers={**QUIET, "x-chain-id": "bad-1", "x-deadline-ms": "1"})
+    assert ok.status_code == 200 and shed.status_code == 429  # a deadline no line can meet
+
+    def seen() -> dict:  # type: ignore[type-arg]
+        return httpx.get(f"{b}/v1/fleet/status", headers=admin, timeout=10).json()["chains"]
+
+    wait_until(lambda: seen()["completed"] - before["completed"] >= 3, 20, what="three chains complete")
+    now = seen()
+    assert now["refused_or_late"] - before["refused_or_late"] == 1
+    assert now["completion_p50_s"] is not None and now["completion_p50_s"] > 0
+    assert any(row["tier"] == "fair" and row["class"] == "interactive" for row in now["by_tier_class"])
+    text = httpx.get(f"{b}/metrics", headers=admin, timeout=10).text
+    assert 'fleet_chains{outcome="refused_or_late",priority="interactive",tier="fair"}' in text
 
 
 if __name__ == "__main__":  # the runaway chain, as `_flooded` starts it: URL TIER SECONDS
