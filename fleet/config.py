@@ -201,6 +201,23 @@ class GatewayEdge(_Strict):
     open: bool = False
 
 
+class ResponsesStore(_Strict):
+    """What the Responses API keeps in Redis for `previous_response_id` (fleet/store/responses.py)."""
+
+    ttl_s: int = Field(30 * 86_400, gt=0)  # how long a stored response lives (OpenAI's 30 days)
+    # A turn's own items (its new input and its output) and the whole conversation a response keeps,
+    # in JSON bytes; a turn past either is refused with a typed 400 before it runs.
+    max_response_bytes: int = Field(1_048_576, gt=0)
+    max_conversation_bytes: int = Field(4_194_304, gt=0)
+
+    @model_validator(mode="after")
+    def _conversation_holds_a_turn(self) -> ResponsesStore:
+        if self.max_conversation_bytes < self.max_response_bytes:
+            raise ValueError(f"max_conversation_bytes ({self.max_conversation_bytes}) is below max_response_bytes "
+                             f"({self.max_response_bytes}): a conversation must hold at least one turn")
+        return self
+
+
 class ApiKey(_Strict):
     name: str = Field(min_length=1, max_length=128)
     sha256: str  # keys are stored hashed; see `fleet hash-key`. Also the key's id in Redis (its limits, budget)
@@ -268,6 +285,7 @@ class FleetConfig(BaseSettings):
     tiers: dict[str, TierConfig]
     keys: list[ApiKey] = Field(default_factory=list)
     gateway: GatewayEdge = Field(default_factory=GatewayEdge)
+    responses: ResponsesStore = Field(default_factory=ResponsesStore)  # POST /v1/responses' stored state
     replication: Replication = Field(default_factory=Replication)  # enqueues a replica acknowledged
     fair_line: FairLine = Field(default_factory=FairLine)  # how a fair tier shares a class among flows
     gpus: list[GpuInventory] = Field(default_factory=list)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import orjson
@@ -86,12 +86,25 @@ def final_body(kind: str, rid: str, model: str, created: int, ev: Done) -> dict[
             **(ev.extra or {})}
 
 
+class Render(Protocol):
+    """How a streamed call's events become bytes: chat's chunks (`_Chunks`) or the Responses API's
+    events (`gateway.responses_stream`). `done` and `error` give the stream's last bytes."""
+
+    def chunk(self, c: Chunk) -> bytes: ...
+
+    async def done(self, ev: Done) -> bytes: ...
+
+    def error(self, err: APIError) -> bytes: ...
+
+
 class _Chunks:
     """The SSE chunks of one streamed call: a chunk's bytes are the same around the members the
     worker wrote (`fleet.store.events.Chunk`), so those are spliced in as they are."""
 
-    def __init__(self, kind: str, rid: str, model: str, created: int) -> None:
+    def __init__(self, kind: str, rid: str, model: str, created: int, include_usage: bool = False) -> None:
         self.chat = kind == "chat"
+        self.include_usage = include_usage
+        self.opened = not self.chat  # a completion's stream has no role chunk
         self.base: dict[str, Any] = {"id": f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}",
                                      "object": "chat.completion.chunk" if self.chat else "text_completion",
                                      "created": created, "model": model}
@@ -119,6 +132,27 @@ class _Chunks:
     def _event(self, obj: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps({**self.base, **obj}) + b"\n\n"
 
+    def chunk(self, c: Chunk) -> bytes:
+        """A chunk's bytes; the first of a chat stream after the role chunk, sent in one write. The
+        chunk is made first: it may name the engine's model, which the role chunk then bears."""
+        out = self.of(c)
+        if not self.opened:
+            out, self.opened = self.opening() + out, True
+        return out
+
+    async def done(self, ev: Done) -> bytes:
+        """The last chunk, the usage chunk when asked, and [DONE] (the role chunk first if none went)."""
+        return self._opening() + self.end(ev, self.include_usage) + b"data: [DONE]\n\n"
+
+    def error(self, err: APIError) -> bytes:
+        return self._opening() + b"data: " + orjson.dumps(err.body()) + b"\n\n" + b"data: [DONE]\n\n"
+
+    def _opening(self) -> bytes:
+        if self.opened:
+            return b""
+        self.opened = True
+        return self.opening()
+
     def end(self, ev: Done, include_usage: bool) -> bytes:
         """The last chunk (its finish reason) and, when the caller asked, the usage chunk."""
         self.model(ev.model)
@@ -142,39 +176,33 @@ async def whole(call: Call, first: Done | Chunk) -> Response:
     return Response(orjson.dumps(body), media_type="application/json", headers=call.headers)
 
 
-def stream(call: Call, first: Chunk | Done) -> SSEResponse:
-    """A streamed call's response; the stream ends the call when it ends, however it ends."""
+def stream(call: Call, first: Chunk | Done, render: Render | None = None) -> SSEResponse:
+    """A streamed call's response (chat's chunks unless given another `render`); the stream ends
+    the call when it ends, however it ends."""
     call.streaming = True
-    return SSEResponse(_sse(call, first), call.client, call.headers)
-
-
-async def _sse(call: Call, first: Event) -> AsyncIterator[bytes]:
-    """Server-sent events in OpenAI's chunk format, ending in `data: [DONE]`."""
     spec = call.spec
-    chunks = _Chunks(spec.kind, call.rid, spec.body.model, call.created)
+    render = render or _Chunks(spec.kind, call.rid, spec.body.model, call.created, spec.body.include_usage())
+    return SSEResponse(_sse(call, first, render), call.client, call.headers)
+
+
+async def _sse(call: Call, first: Event, render: Render) -> AsyncIterator[bytes]:
+    """The call's server-sent events, as `render` writes them, ending the way it ends them."""
     end: tuple[str, Usage | None, bool] = ("cancelled", None, False)  # how the call ends (the client left)
     try:
         # Chunks known together go out in one write: the role chunk with the first event's, the
         # last chunk with the usage chunk and [DONE] (fewer writes for the gateway and the caller).
-        opened = not chunks.chat  # a completion's stream has no role chunk
         ev = first
         while True:
             if isinstance(ev, Chunk):
-                out = chunks.of(ev)  # first: it may name the engine's model, which the role chunk then bears
-                if not opened:
-                    out, opened = chunks.opening() + out, True
-                yield out
-                last = b""
+                yield render.chunk(ev)
             else:
                 if isinstance(ev, Done):
                     end = ("completed", usage_of(ev), True)
                     call.completed(ev)
-                    last = chunks.end(ev, spec.body.include_usage())
+                    last = await render.done(ev)
                 else:
                     end = (outcome_of(ev), None, True)
-                    last = b"data: " + orjson.dumps(from_event(ev).body()) + b"\n\n"
-                if not opened:
-                    last = chunks.opening() + last
+                    last = render.error(from_event(ev))
                 break
             try:
                 ev = await call.next()
@@ -183,9 +211,9 @@ async def _sse(call: Call, first: Event) -> AsyncIterator[bytes]:
                 # request is ended in the line once Redis answers (the orphan sweep).
                 end = (UNAVAILABLE, None, False)
                 log.error("stream %s: Redis unavailable (%s)", call.rid, type(e).__name__)
-                last = b"data: " + orjson.dumps(unavailable_error(e).body()) + b"\n\n"
+                last = render.error(unavailable_error(e))
                 break
-        yield last + b"data: [DONE]\n\n"
+        yield last
     finally:
         # The response task may be being cancelled (the client left): Starlette cancels it through
         # an anyio scope, which would cancel every await here again, so the end runs shielded.

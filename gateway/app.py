@@ -35,6 +35,7 @@ from gateway.observability import router as metrics_router
 from gateway.openapi import install_openapi
 from gateway.redis_loss import READY_PING_S, unavailable_error
 from gateway.request import ClientLeft, HeaderLimit
+from gateway.responses import router as responses_router
 from gateway.state import Gateway
 from gateway.status import fleet_status
 
@@ -83,6 +84,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     app.state.status_auth = cfg.gateway.status_auth
     # Fleet state (replica ids, spend, decisions) is for operators: see require_status_reader.
     app.include_router(completions_router)  # the two completion routes: gateway/completions.py
+    app.include_router(responses_router)  # the Responses API, as chat calls: gateway/responses.py
     app.include_router(metrics_router, dependencies=[Depends(require_status_reader)])
     app.include_router(dashboard_router)  # the page is public; the status it reads is not
     app.include_router(fleet_router)  # POST /v1/fleet/prewarm

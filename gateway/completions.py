@@ -8,6 +8,9 @@ headers) is counted here, the only place besides its `Call` that counts an outco
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
@@ -25,6 +28,8 @@ from gateway.request import parse_chain_id, parse_deadline, read_json
 
 router = APIRouter()
 HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
+# Reads another API's body as the call it runs (the Responses API: gateway.responses.read_turn).
+Parse = Callable[[Caller, bytes, Any], Awaitable[CallSpec]]
 
 
 @router.post("/v1/chat/completions")
@@ -49,15 +54,17 @@ async def complete(request: Request, kind: Kind) -> Response:
         return Response(status_code=499)
 
 
-async def read_call(request: Request, kind: Kind, cfg: FleetConfig) -> tuple[Caller, CallSpec, CallHeaders]:
-    """The caller (401 before the body is even read), the call and the fleet's headers; a typed
-    4xx for what is wrong with them, counted as refused (503 if Redis fails the key's lookup)."""
+async def read_call(request: Request, kind: Kind, cfg: FleetConfig,
+                    parse: Parse | None = None) -> tuple[Caller, CallSpec, CallHeaders]:
+    """The caller (401 before the body is even read), the call (`parse_call`, or `parse` for a body
+    of another API) and the fleet's headers; a typed 4xx for what is wrong with them, counted as
+    refused (503 if Redis fails a lookup)."""
     tier: str | None = None
     priority: str | None = None
     try:
         caller = authenticate(request)
         raw, data = await read_json(request, cfg.max_body_bytes)
-        spec = parse_call(kind, raw, data, cfg)
+        spec = parse_call(kind, raw, data, cfg) if parse is None else await parse(caller, raw, data)
         tier = spec.tier
         caller.check_tier(tier)
         prio = caller.priority(request.headers.get("x-priority"), cfg.default_priority)

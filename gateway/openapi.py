@@ -18,6 +18,7 @@ from fleet.config import CLASSES
 from gateway.fleet_api import PrewarmBody
 from gateway.models_api import PromoteBody, RollbackBody
 from gateway.request import CHAIN_ID_PATTERN, DEADLINE_PATTERN, MAX_CHAIN_ID, MAX_DEADLINE_MS
+from gateway.responses_schema import ResponsesBody
 from gateway.schemas import ChatBody, CompletionBody, ErrorBody
 
 REF = "#/components/schemas/{model}"
@@ -39,10 +40,11 @@ HEADERS: list[dict[str, Any]] = [
 
 # Why each status can come back; every one has the ErrorBody shape.
 WHY = {
-    400: "Bad JSON, or a bad X-Priority / X-Deadline-Ms / X-Chain-Id (invalid_json, invalid_priority, ...).",
+    400: "Bad JSON, or a bad X-Priority / X-Deadline-Ms / X-Chain-Id (invalid_json, invalid_priority, ...), or a "
+         "Responses field not served or past the store's bounds (unsupported_parameter, conversation_too_large).",
     401: "Missing or unknown API key (invalid_api_key).",
     403: "The key may not use this tier or class, or this endpoint.",
-    404: "No such model (model_not_found) or tier.",
+    404: "No such model (model_not_found) or tier, or no such stored response for this key (response_not_found).",
     408: "The request head or body did not arrive in time (request_timeout); the connection is closed.",
     413: "Body over the config's max_body_bytes (body_too_large).",
     422: "A field is missing, of the wrong type or out of bounds (invalid_value); `param` names it.",
@@ -72,6 +74,7 @@ def build(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description="An OpenAI-compatible gateway and capacity governor for agent fleets.")
     _, defs = models_json_schema([(ChatBody, "validation"), (CompletionBody, "validation"),
+                                  (ResponsesBody, "validation"),
                                   (PrewarmBody, "validation"), (PromoteBody, "validation"),
                                   (RollbackBody, "validation"), (ErrorBody, "serialization")], ref_template=REF)
     comps = doc.setdefault("components", {})
@@ -87,6 +90,18 @@ def build(app: FastAPI) -> dict[str, Any]:
                                    "ending in `data: [DONE]`.",
                                    "content": {"application/json": {"schema": {"type": "object"}}, **stream}},
                            **_errors(CALL_ERRORS)}
+    op = paths["/v1/responses"]["post"]
+    op.update(requestBody=_body("ResponsesBody"), parameters=HEADERS, security=SECURITY)
+    op["responses"] = {"200": {"description": "The Response; with `stream: true`, the Responses API's server-sent "
+                               "events, ending in response.completed, response.incomplete or response.failed.",
+                               "content": {"application/json": {"schema": {"type": "object"}}, **stream}},
+                       **_errors(CALL_ERRORS)}
+    for verb in ("get", "delete"):  # a stored response, to the key that made it (any other: 404)
+        op = paths["/v1/responses/{response_id}"][verb]
+        op["security"] = SECURITY
+        op["responses"] = {"200": {"description": "The stored Response." if verb == "get" else "Deleted.",
+                                   "content": {"application/json": {"schema": {"type": "object"}}}},
+                           **_errors((401, 404, 503))}
     op = paths["/v1/fleet/prewarm"]["post"]
     op.update(requestBody=_body("PrewarmBody"), security=SECURITY)
     op["responses"] = {"200": {"description": "The order, as stored.",

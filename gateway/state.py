@@ -13,6 +13,7 @@ from fleet.governor import govern
 from fleet.store.chains import Chains
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
+from fleet.store.responses import ResponseStore
 from gateway.admission import Admission
 from gateway.auth import KeyRing
 from gateway.redis_loss import Orphans
@@ -36,6 +37,7 @@ class Gateway:
         self.keyring = keyring or KeyRing(cfg.keys)
         self.orphans = Orphans()  # answered 503 while Redis was away; ended in the line when it returns
         self.chains = Chains(redis, cfg.namespace)  # how each X-Chain-Id chain ended (status, metrics)
+        self.responses = ResponseStore(redis, cfg.namespace, cfg.responses.ttl_s)  # the Responses API's state
         self.started = time.time()
 
     async def govern_unless_a_scaler_does(self) -> None:
