@@ -255,7 +255,9 @@ class Serving:
         once for this waiting call. True when a slot was freed."""
         if req.pmarked:
             return False
-        calls = {str(id(c)): c for r in tier.ready_list for c in self.calls_on.get(r.id, ())}
+        # In arrival order, named by it: a tie goes to the same call in every replay (not by address).
+        calls = {str(c.lseq): c for r in tier.ready_list
+                 for c in sorted(self.calls_on.get(r.id, ()), key=lambda c: c.lseq)}
         t = self.events.t
         running = [RunningRequest(k, c.call.cls, int(c.replica.model.tokens_of(c.seq)) if c.seq and c.replica else 0,
                                   False, c.preempted, c.start) for k, c in calls.items()]
