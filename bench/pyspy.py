@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import collections
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+# The venv's own (pip install py-spy), else one on PATH (installed elsewhere: `pip install --target`).
 PY_SPY = Path(sys.executable).parent / "py-spy"
+if not PY_SPY.exists() and shutil.which("py-spy"):
+    PY_SPY = Path(shutil.which("py-spy") or "")
 
 
 def record(pid: int, out: Path, duration_s: float) -> subprocess.Popen[bytes]:

@@ -1,4 +1,4 @@
-"""The priority classes, and the settings given per class: `preemption:` of a tier.
+"""The priority classes, and the settings given per class: `preemption:` and `affinity:` of a tier.
 
 Kept apart from `fleet.config` (which imports and re-exports all of it) so the
 config module stays small; nothing here imports another fleet module.
@@ -57,6 +57,43 @@ class Preemption(BaseModel):
     @classmethod
     def _known(cls, v: dict[str, int]) -> dict[str, int]:
         return {k: int(n) for k, n in per_class_positive(v, "reserved slots").items()}  # type: ignore[arg-type]
+
+
+class Affinity(BaseModel):
+    """Claims that prefer the calls whose prefix a replica has cached (`fleet.store.affinity`,
+    docs/prefix-affinity.md). Class order, deadlines and preemption come first, always."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # A claim looks at the first `window` calls of the best class waiting, in the line's order.
+    window: int = Field(8, ge=1, le=64)
+    # How long a call whose prefix another live replica holds waits for that replica before any
+    # replica takes it: per class, in ms; a class not given waits `wait_fraction` of its wait
+    # limit, at most `max_wait_ms` (a prefill saved is worth tens of ms, not seconds of wait).
+    wait_ms: dict[str, int] = Field(default_factory=dict)
+    wait_fraction: float = Field(0.01, ge=0, le=0.5)
+    max_wait_ms: int = Field(50, ge=0)
+    # A call with less than this left before its deadline is never passed over or held back.
+    slack_ms: int = Field(1000, ge=0)
+    # A prefix served longer ago than this counts as gone from the replica's cache.
+    hold_s: float = Field(600.0, gt=0)
+    max_keys: int = Field(10000, gt=0)  # prefixes remembered per tier (oldest forgotten first)
+
+    @field_validator("wait_ms")
+    @classmethod
+    def _known(cls, v: dict[str, int]) -> dict[str, int]:
+        for name, ms in v.items():
+            if name not in CLASSES:
+                raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
+            if ms < 0:
+                raise ValueError(f"wait for {name!r} must be >= 0")
+        return {k: int(ms) for k, ms in v.items()}
+
+    def waits_ms(self, wait_limit_s: dict[str, float]) -> tuple[int, ...]:
+        """The hold per class rank (highest class first), from `wait_ms` or the class's wait limit."""
+        return tuple(self.wait_ms.get(c, int(min(self.max_wait_ms, self.wait_fraction * 1000
+                                                  * wait_limit_s.get(c, self.max_wait_ms)))) for c in CLASSES)
 
 
 class Replication(BaseModel):

@@ -23,7 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleet.classes import CLASSES, FairLine, Preemption, Priority, Replication, per_class_positive
+from fleet.classes import CLASSES, Affinity, FairLine, Preemption, Priority, Replication, per_class_positive
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -162,6 +162,7 @@ class TierConfig(_Strict):
     # Within a class: `fair` shares the line among flows by least attained service (docs/fair-line.md);
     # `fifo` keeps arrival order.
     fairness: Literal["fair", "fifo"] = "fair"
+    affinity: Affinity = Field(default_factory=Affinity)  # claims prefer what a replica has cached
 
     @field_validator("wait_limit_s")
     @classmethod

@@ -29,6 +29,9 @@ class SimProfile(_Strict):
     prefill_tokens_per_s: float = Field(20000.0, gt=0)
     decode_step: DecodeStep = Field(default_factory=DecodeStep)
     kv_capacity_tokens: int = Field(65536, gt=0)
+    # Tokens of served prefixes kept for the calls that re-send them (`fleet.replica_model.PrefixCache`);
+    # unset: the KV cache's size, as vLLM's prefix caching keeps what free KV blocks hold; 0: none.
+    prefix_cache_tokens: int | None = Field(None, ge=0)
     # Typical request shape, used to turn the latency model into a service rate
     # before a tier has completed anything (no history yet, no infinity either).
     typical_prompt_tokens: int = Field(200, gt=0)

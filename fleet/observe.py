@@ -16,15 +16,17 @@ from redis.asyncio import Redis
 
 from fleet.policy.observation import BudgetSignal, TierObservation
 from fleet.policy.replicas import ObservedReplica, Replicas
+from fleet.store.affinity import cached_prefixes
 from fleet.store.heartbeats import Heartbeat, read_heartbeats
 from fleet.store.line import Line, LineSnapshot
 from fleet.store.tier_budget import BudgetState, read_budget_state
 
 
-def observed(beat: Heartbeat, state: str | None = None) -> ObservedReplica:
-    """A heartbeat as the policy sees a replica (`state` overrides what it says of itself)."""
+def observed(beat: Heartbeat, state: str | None = None, cached: int = 0) -> ObservedReplica:
+    """A heartbeat as the policy sees a replica (`state` overrides what it says of itself; `cached`:
+    the prefixes it holds, `fleet.store.affinity.cached_prefixes`)."""
     return ObservedReplica(id=beat.id, state=state or beat.state, slots=beat.slots, in_use=beat.in_use,
-                           started=beat.started, cold_start_s=beat.cold_start_s, version=beat.version)
+                           started=beat.started, cold_start_s=beat.cold_start_s, version=beat.version, cached=cached)
 
 
 def budget_signal(state: BudgetState | None) -> BudgetSignal | None:
@@ -59,5 +61,6 @@ async def read_tier(redis: Redis, line: Line, *, heartbeat_s: float, window_s: f
     snap = await line.observe()
     beats = await read_heartbeats(redis, line.keys, heartbeat_s, now)
     budget = await read_budget_state(redis, line.keys)
-    return LiveTier(observation_of(line.tier, snap, (observed(b) for b in beats), budget, window_s=window_s,
-                                   now=now), snap, beats, budget)
+    cached = await cached_prefixes(redis, line.keys)
+    return LiveTier(observation_of(line.tier, snap, (observed(b, cached=cached.get(b.id, 0)) for b in beats), budget,
+                                   window_s=window_s, now=now), snap, beats, budget)

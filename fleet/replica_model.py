@@ -15,6 +15,11 @@ follow the same rules, from the tier's `sim:` profile:
   at every step as sequences join and leave (the throughput-latency trade);
 - it leaves the batch with its last token, and frees its KV room.
 
+A replica also keeps a prefix cache (`PrefixCache`, `prefix_cache_tokens` of the profile, by
+default its whole KV cache, as vLLM's automatic prefix caching reuses free KV blocks): the
+tokens of the prefixes it served last, least recently used evicted first. A call whose prefix
+it holds pays the prefill of the rest of its prompt only (`uncached_tokens`).
+
 Progress is kept as one counter per replica, `progress`: the tokens each
 sequence of the batch has received since the replica started. A sequence that
 joins at progress P with n tokens to make finishes at P + n. The engine adds one
@@ -62,6 +67,49 @@ def kv_need(p: SimProfile, prompt_tokens: int, max_tokens: int) -> int:
     return min(prompt_tokens + max_tokens, p.kv_capacity_tokens)
 
 
+class PrefixCache:
+    """A replica's cached prefixes: key -> tokens held, at most `capacity` tokens in all, the least
+    recently used evicted first. Pure: counts what it saved (`hit_tokens` of `prompt_tokens`)."""
+
+    __slots__ = ("_held", "capacity", "hit_tokens", "prompt_tokens", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(0, capacity)
+        self._held: dict[Hashable, int] = {}  # insertion order is recency: the first is the coldest
+        self.used = 0
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._held
+
+    def uncached_tokens(self, key: Hashable | None, prompt_tokens: int) -> int:
+        """The tokens of a prompt its prefill must compute: those past the cached prefix of `key`."""
+        hit = min(self._held.get(key, 0), prompt_tokens) if key is not None else 0
+        self.hit_tokens += hit
+        self.prompt_tokens += prompt_tokens
+        return prompt_tokens - hit
+
+    def store(self, key: Hashable | None, tokens: int) -> None:
+        """`key`'s prefix is now `tokens` long here (its prompt and answer), the most recent."""
+        if key is None or self.capacity <= 0:
+            return
+        self.used -= self._held.pop(key, 0)
+        tokens = min(tokens, self.capacity)
+        while self._held and self.used + tokens > self.capacity:
+            self.used -= self._held.pop(next(iter(self._held)))
+        self._held[key] = tokens
+        self.used += tokens
+
+    @property
+    def hit_rate(self) -> float:
+        """Of the prompt tokens seen, the share the cache spared the prefill."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
 @dataclass(slots=True)
 class Sequence:
     key: Hashable
@@ -73,8 +121,8 @@ class Sequence:
 class ReplicaModel:
     """One replica's KV cache and decode batch (see the module doc)."""
 
-    __slots__ = ("_heap", "_joins", "base_s", "decoding", "kv_capacity", "kv_used", "per_seq_s", "profile",
-                 "progress")
+    __slots__ = ("_heap", "_joins", "base_s", "decoding", "kv_capacity", "kv_used", "per_seq_s", "prefixes",
+                 "profile", "progress")
 
     def __init__(self, profile: SimProfile) -> None:
         self.profile = profile
@@ -86,6 +134,8 @@ class ReplicaModel:
         self.decoding: dict[Hashable, Sequence] = {}
         self._heap: list[tuple[float, int, Sequence]] = []  # (target, join order, sequence); lazily cleaned
         self._joins = 0
+        cached = profile.prefix_cache_tokens
+        self.prefixes = PrefixCache(profile.kv_capacity_tokens if cached is None else cached)
 
     # --- the KV cache ---
 

@@ -251,13 +251,14 @@ def prewarm(tier: str, floor: int, duration: str, url: str, api_key: str) -> Non
               help="Draw demand, line, drain, replicas and spend per tier to FILE.png.")
 @click.option("--seed", default=None, type=int, help="Random seed for the arrivals (default: the scenario's).")
 @click.option("--timeline", default=200, show_default=True, type=int, help="Decisions to print (0: none).")
+@click.option("--no-affinity", is_flag=True, help="Replay with prefix-affine claims off in every tier.")
 def simulate(scenario: str, policy: str, compare: bool, as_json: bool, plot_path: str | None, seed: int | None,
-             timeline: int) -> None:
+             timeline: int, no_affinity: bool) -> None:
     """Replay a scenario through the real policy in simulated time (see configs/scenarios/)."""
     from fleetctl.simulate import run_simulate
 
     sys.exit(run_simulate(scenario, policy=policy, compare=compare, as_json=as_json, plot_path=plot_path,
-                          seed=seed, timeline=timeline))
+                          seed=seed, timeline=timeline, affinity=not no_affinity))
 
 
 @main.group()

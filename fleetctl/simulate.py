@@ -16,7 +16,8 @@ from simulator.scenario import ScenarioError, load_scenario
 
 
 def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
-                 plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200) -> int:
+                 plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200,
+                 affinity: bool = True) -> int:
     """Replay a scenario; print the outcome (or JSON); return the exit status.
 
     Exit 1 when the scenario's `expect:` checks fail, so a scenario can gate a
@@ -28,6 +29,9 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     except (ScenarioError, UnknownPolicy) as e:
         click.echo(f"fleet: {e}", err=True)
         return 2
+    if not affinity:  # the comparison: calls go to the least busy replica, wherever their prefix is cached
+        for tc in sc.cfg.tiers.values():
+            tc.affinity = tc.affinity.model_copy(update={"enabled": False})
     seed = sc.spec.seed if seed is None else seed
     trace = build_trace(sc, seed)
     main = simulate(sc, policy, seed, trace)

@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
+from fleet import gc_tuning
 from fleet.config import FleetConfig
 from fleet.store.connection import Clients
 from fleet.tasks import cancel_and_wait, stop_spawned
@@ -66,6 +67,8 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             await gw.govern_unless_a_scaler_does()
         await gw.admission.start()
         reaper = asyncio.create_task(gw.reap_forever())
+        if getattr(app.state, "freeze_gc", False):  # a served process, not a test's app
+            gc_tuning.freeze()
         try:
             yield
         finally:

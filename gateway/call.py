@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import Priority
+from fleet.prefix import affinity_key
 from fleet.store.events import Chunk, Done, Event, Failed
 from fleet.tasks import spawn
 from gateway.admission import AdmissionRequest
@@ -134,7 +135,8 @@ class Call:
                              output_tokens=output, weight=weight)))
         # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
         self.watch = self.gw.results.watch(self.line, self.rid)
-        await self.ticket.enqueue(self.line, spec.payload(self.caller.name), self.chain)
+        await self.ticket.enqueue(self.line, spec.payload(self.caller.name), self.chain,
+                                  affinity=affinity_key(self.chain, spec.prefix))
         self.events = events(self.watch, self.line, self.deadline_at)
 
     async def next(self) -> Event:

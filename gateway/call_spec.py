@@ -17,6 +17,7 @@ from typing import Any
 from fleet.config import FleetConfig
 from fleet.policy import default_max_tokens
 from fleet.policy.fairness import call_cost
+from fleet.prefix import prefix_key
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.store.flows import Place
 from fleet.store.payloads import CallPayload, Kind
@@ -36,6 +37,7 @@ class CallSpec:
     max_tokens: int  # the output bound: the caller's, else the tier's default
     explicit_max_tokens: int | None  # what the caller asked for, if it did
     prompt_tokens: int  # estimated
+    prefix: str = ""  # its leading messages' hash (`fleet.prefix`): affine claims match it
 
     @property
     def stream(self) -> bool:
@@ -60,7 +62,7 @@ def parse_call(kind: Kind, raw: bytes, data: Any, cfg: FleetConfig) -> CallSpec:
         raise APIError(422, f"max_tokens {max_tokens} exceeds this tier's limit of {tc.max_tokens_limit}",
                        param="max_tokens", code="invalid_value")
     return CallSpec(kind=kind, body=body, raw=raw, tier=tier, max_tokens=max_tokens, explicit_max_tokens=explicit,
-                    prompt_tokens=estimate_prompt_tokens(kind, data))
+                    prompt_tokens=estimate_prompt_tokens(kind, data), prefix=prefix_key(kind, data))
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9._:-]{1,128}")

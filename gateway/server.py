@@ -39,6 +39,7 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from fleet import gc_tuning
 from fleet.config import FleetConfig, GatewayEdge
 from gateway.auth import METRICS_PORT_SCOPE, Exposure, beyond_loopback
 from gateway.errors import APIError, raw_response
@@ -275,6 +276,8 @@ def serve(app: Any, cfg: FleetConfig, *, host: str, port: int, metrics_port: int
         if metrics_port:
             sockets.append(listen(metrics_host, metrics_port))
     expose(app, cfg, host)
+    gc_tuning.tune()
+    app.state.freeze_gc = True  # the lifespan freezes what start-up built (fleet.gc_tuning)
     if metrics_port:
         app = MetricsPortGate(app, metrics_port)
     config = uvicorn.Config(app, loop="uvloop", http=protocol_for(EdgeLimits.of(cfg.gateway)), ws="none",

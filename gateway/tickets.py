@@ -97,14 +97,15 @@ class Ticket:
     reservations: list[Reservation] = field(default_factory=list)
     closed: bool = False
 
-    async def enqueue(self, line: Line, payload: bytes, chain: str = "") -> int:
+    async def enqueue(self, line: Line, payload: bytes, chain: str = "", *, affinity: str = "") -> int:
         """Join the line and drop the being-admitted mark in one step (the line now counts it).
 
         If this fails the request may still have joined (a frozen Redis runs the
         script when it wakes): the caller ends it as an orphan (`gateway.redis_loss`),
         which also ends this ticket; the being-admitted mark expires by itself."""
         return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
-                                  admitting=(self.admitting_key, self.member), ack=self.ack, place=self.req.place)
+                                  admitting=(self.admitting_key, self.member), ack=self.ack, affinity=affinity,
+                                  place=self.req.place)
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.

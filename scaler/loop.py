@@ -53,6 +53,7 @@ from fleet.policy import (
     tier_has_budget,
 )
 from fleet.store import scaler_state
+from fleet.store.affinity import cached_prefixes
 from fleet.store.capacity import publish_calibration
 from fleet.store.connection import connect
 from fleet.store.heartbeats import Heartbeat, read_heartbeats
@@ -161,12 +162,12 @@ class Scaler:
         return startup_estimate(self.measured[tier], [r.cold_start_s for r in heartbeats if r.cold_start_s is not None],
                                 modelled_startup_s(self.cfg.tiers[tier]), self.startup_at_least.get(tier, 0.0))
 
-    def _replicas(self, tier: str, heartbeats: list[Heartbeat]) -> list[ObservedReplica]:
+    def _replicas(self, tier: str, heartbeats: list[Heartbeat], cached: dict[str, int]) -> list[ObservedReplica]:
         """The tier's replicas: what the heartbeats say, corrected by what this supervisor knows
         (a replica sent SIGTERM is draining whatever its last beat said; one launched that has
-        not beaten yet is starting), so a need is never ordered twice."""
+        not beaten yet is starting), so a need is never ordered twice; `cached`: the prefixes each holds."""
         tc = self.cfg.tiers[tier]
-        out = {b.id: observed(b) for b in heartbeats}
+        out = {b.id: observed(b, cached=cached.get(b.id, 0)) for b in heartbeats}
         for rec in self.supervisor.of_tier(tier):
             if rec.state in ("draining", "stopping", "parked"):
                 state = "draining"  # SIGTERM sent; its heartbeat may not say so yet
@@ -206,8 +207,9 @@ class Scaler:
 
         now = time.time()
         budget = await read_budget_state(self.redis, k)
-        obs = observation_of(tier, snap, self._replicas(tier, heartbeats), budget, window_s=self.cfg.rate_window_s,
-                             now=now, startups_measured=self.measured[tier])
+        cached = await cached_prefixes(self.redis, k)  # the scale-in victim: the coldest cache first
+        obs = observation_of(tier, snap, self._replicas(tier, heartbeats, cached), budget,
+                             window_s=self.cfg.rate_window_s, now=now, startups_measured=self.measured[tier])
         cal = calibrate(self.calibration.get(tier) or initial_calibration(tc), tc, obs,
                         at_least_s=self.startup_at_least.get(tier, 0.0))
         self.calibration[tier] = cal

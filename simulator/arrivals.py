@@ -41,6 +41,7 @@ class ChainArrival:
     deadline_s: float
     stages: list[list[Call]]  # stages[k] holds every call of level k, parents' children contiguous
     fanouts: list[int]
+    conversation: bool = False  # every call re-sends one conversation: they share one prefix (the chain)
 
 
 @dataclass(slots=True)
@@ -192,6 +193,6 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
             for st, (tier, prompt, output) in zip(c.stages, shapes, strict=True):
                 n *= st.fanout
                 stages.append([Call(tier, cls, prompt(rng), output(rng), flow) for _ in range(n)])
-            chains.append(ChainArrival(t, c.name, cls, c.deadline_ms / 1000, stages, fanouts))
+            chains.append(ChainArrival(t, c.name, cls, c.deadline_ms / 1000, stages, fanouts, c.conversation))
     arrivals.sort(key=lambda a: a.t)
     return Trace(arrivals, chains)

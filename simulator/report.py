@@ -95,6 +95,9 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
             "spend_usd": round(spend, 4),
             "token_spend_usd": round(t.token_usd, 4),
             "useful_tokens": useful,
+            # What the prefix caches saved: prompt tokens of the calls begun, those their prefills computed.
+            "prompt_tokens": t.prompt_tokens, "prefill_tokens": t.prefill_tokens,
+            "prefix_cache_hit_rate": round(1 - t.prefill_tokens / t.prompt_tokens, 4) if t.prompt_tokens else 0.0,
             "cost_per_million_useful_tokens_usd": _num(cost_per_useful_million(spend, useful, dur), 4),
             "budget": {w: {**v, "spent_usd": round(v["spent_usd"], 4)} for w, v in r.budget.get(name, {}).items()},
         }
@@ -252,9 +255,10 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
         b = "; ".join(f"{w} ${v['spent_usd']:.2f}/${v['budget_usd']:.2f}{'' if v['within'] else ' OVER'}"
                       for w, v in t["budget"].items()) or "-"
         rows.append([tier, _f(t["replica_hours"]), str(t["peak_replicas"]), str(t["replicas_at_end"]),
-                     str(t.get("flaps", 0)), _f(t["spend_usd"]), _f(t["cost_per_million_useful_tokens_usd"]), b])
+                     str(t.get("flaps", 0)), _f(t["spend_usd"]), _f(t["cost_per_million_useful_tokens_usd"]),
+                     f"{t['prefix_cache_hit_rate']:.0%}", b])
     out.append(_table(["tier", "replica-h", "peak", "at end", "flaps", "spend $", "$/M useful tok",
-                       "budget (spent/budget)"], rows))
+                       "cache hit", "budget (spent/budget)"], rows))
     out.append("")
     rows = [[name, str(c["started"]), str(c["completed"]), str(c["timed_out"]), str(c["shed"])]
             for name, c in s["chains"].items()]

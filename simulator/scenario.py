@@ -179,6 +179,7 @@ class Chain(_Process):
     cls: str = Field("committed", alias="class")
     deadline_ms: float = Field(gt=0)
     stages: list[Stage] = Field(min_length=1)
+    conversation: bool = False  # its stages are the turns of one growing conversation: one prefix, cached
 
     @field_validator("cls")
     @classmethod

@@ -21,6 +21,7 @@ finish is scheduled when the batch changes, and superseded by the next change.
 
 from __future__ import annotations
 
+import itertools
 from typing import Protocol
 
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
@@ -36,6 +37,12 @@ class CallEnds(Protocol):
     def completed(self, req: Req) -> None: ...
 
     def timed_out(self, req: Req) -> None: ...
+
+
+def prefix_of(req: Req) -> object | None:
+    """The prefix a call re-sends: its chain's, where the chain is one conversation; else none."""
+    ch = req.chain
+    return ch if ch is not None and ch.arrival.conversation else None
 
 
 class Serving:
@@ -81,7 +88,8 @@ class Serving:
         """Drain the `n` replicas the policy names (`fleet.policy.scale_in_victims`)."""
         tier.account(self.events.t)
         slots, t0 = tier.tc.slots, tier.start_epoch
-        seen = [ObservedReplica(r.id, r.state, slots, r.running, t0 + r.started) for r in tier.replicas]
+        seen = [ObservedReplica(r.id, r.state, slots, r.running, t0 + r.started, cached=len(r.model.prefixes))
+                for r in tier.replicas]
         leaving = {v.id for v in scale_in_victims(seen, n)}
         removed = 0
         for r in [r for r in tier.replicas if r.id in leaving]:
@@ -132,21 +140,45 @@ class Serving:
                 if req.state != QUEUED:
                     q.popleft()
                     continue
-                need = req.kv
-                best: SimReplica | None = None
-                least = slots
-                for r in ready:
-                    if r.running < least and r.model.kv_used + need <= r.model.kv_capacity:
-                        best = r
-                        least = r.running
-                if best is None:
-                    if cls < len(by_class) - 1 and tier.tc.preemption.enabled and self._preempt_for(tier, req):
-                        continue  # a slot is free for it now
-                    return  # a lower class never overtakes a higher one
-                q.popleft()
+                pair = self._affine(tier, cls, ready) if tier.affine else None
+                if pair is not None:
+                    req, best = pair
+                    q.remove(req)
+                else:
+                    need = req.kv
+                    best = None
+                    least = slots
+                    for r in ready:
+                        if r.running < least and r.model.kv_used + need <= r.model.kv_capacity:
+                            best = r
+                            least = r.running
+                    if best is None:
+                        if cls < len(by_class) - 1 and tier.tc.preemption.enabled and self._preempt_for(tier, req):
+                            continue  # a slot is free for it now
+                        return  # a lower class never overtakes a higher one
+                    q.popleft()
                 by_class[cls] -= 1
                 tier.waiting -= 1
                 self.begin(tier, req, best)
+
+    def _affine(self, tier: TierSim, cls: int, ready: list[SimReplica]) -> tuple[Req, SimReplica] | None:
+        """An affine claim's pick (`fleet.store.affinity`): among the first `window` calls of the
+        class, the first whose prefix a ready replica with room has cached, never past a call that
+        is due (waited its class's hold, or near its deadline). The hold itself (a call waiting
+        for its full holder) is not modelled: such a call goes to the least busy replica."""
+        a, t, slots = tier.tc.affinity, self.events.t, tier.tc.slots
+        hold, slack = tier.hold_s[cls], a.slack_ms / 1000
+        for req in itertools.islice(tier.line[cls], a.window):
+            if req.state != QUEUED:
+                continue
+            key = prefix_of(req)
+            if key is not None:
+                for r in ready:
+                    if r.running < slots and key in r.model.prefixes and r.model.fits(req.kv):
+                        return req, r
+            if t - req.t_arr >= hold or req.deadline - t <= slack:
+                return None
+        return None
 
     def begin(self, tier: TierSim, req: Req, r: SimReplica) -> None:
         t = self.events.t
@@ -159,7 +191,13 @@ class Serving:
         r.model.reserve(req.kv)
         tier.in_flight += 1
         self.calls_on.setdefault(r.id, set()).add(req)
-        prefill = prefill_s(tier.profile, req.call.prompt)
+        # Its prefill computes what the replica has not cached of its prompt (`fleet.replica_model.PrefixCache`).
+        key = prefix_of(req)
+        computed = r.model.prefixes.uncached_tokens(key, req.call.prompt)
+        r.model.prefixes.store(key, req.call.prompt + req.call.output)
+        tier.prompt_tokens += req.call.prompt
+        tier.prefill_tokens += computed
+        prefill = prefill_s(tier.profile, computed)
         req.first_token = t + prefill  # until it joins the batch: tells this attempt's PREFILLED from a preempted one's
         self.events.push(t + prefill, PREFILLED, req)
         # The slowest it can be: a full batch for every step. A deadline beyond that is never hit.

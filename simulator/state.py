@@ -115,6 +115,10 @@ class TierSim:
         self.n_ready = 0
         self.n_draining = 0
         self.in_flight = 0
+        self.affine = tc.affinity.enabled  # a call goes where its prefix is cached (`fleet.store.affinity`)
+        self.hold_s = [w / 1000 for w in tc.affinity.waits_ms(tc.wait_limit_s)]  # per class rank
+        self.prompt_tokens = 0  # of the calls begun, and of those the tokens their prefills computed
+        self.prefill_tokens = 0
         self.outcomes = [Outcome() for _ in CLASSES]
         self.window_s = window_s
         # Enqueue and completion instants, as the line's sorted sets keep them; `*_head`

@@ -163,21 +163,22 @@ def _build_tokenizer(dest: Path) -> None:
     fast.save_pretrained(str(dest))
 
 
-def _build_model(dest: Path, vocab_size: int, pad_id: int, bos_id: int, eos_ids: list[int]) -> None:
+def _build_model(dest: Path, vocab_size: int, pad_id: int, bos_id: int, eos_ids: list[int], *, hidden: int = 64,
+                 layers: int = 2, max_positions: int = 2048) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         # vLLM's CPU attention only takes head sizes 32, 64, 80, ...: the
         # default (hidden / heads = 16) fails, so set it explicitly.
-        head_dim=32,
-        max_position_embeddings=2048,
+        head_dim=hidden // 2 if hidden <= 128 else 64,
+        max_position_embeddings=max_positions,
         pad_token_id=pad_id,
         bos_token_id=bos_id,
         eos_token_id=eos_ids[0],
@@ -191,14 +192,16 @@ def _build_model(dest: Path, vocab_size: int, pad_id: int, bos_id: int, eos_ids:
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_ids, pad_token_id=pad_id).save_pretrained(str(dest))
 
 
-def build_tiny_model(dest: Path) -> Path:
-    """Write the tokenizer and a random-weight bf16 Llama into `dest`; return it."""
+def build_tiny_model(dest: Path, *, hidden: int = 64, layers: int = 2, max_positions: int = 2048) -> Path:
+    """Write the tokenizer and a random-weight bf16 Llama into `dest`; return it. A bench whose
+    prefill must cost something asks for a wider, deeper one (`bench/prefix_affinity.py`)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     _build_tokenizer(dest)
     vocab = json.loads((dest / "tokenizer.json").read_text())["model"]["vocab"]
     ids = {t: vocab[t] for t in SPECIAL_TOKENS}
-    _build_model(dest, VOCAB_SIZE, ids["<pad>"], ids["<s>"], [ids["</s>"], ids["<|im_end|>"]])
+    _build_model(dest, VOCAB_SIZE, ids["<pad>"], ids["<s>"], [ids["</s>"], ids["<|im_end|>"]], hidden=hidden,
+                 layers=layers, max_positions=max_positions)
     return dest
 
 

@@ -11,6 +11,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any
 
+from fleet import gc_tuning
 from fleet.config import FleetConfig
 from fleet.store.connection import Clients
 from fleet.store.model_registry import config_at_version
@@ -53,10 +54,12 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis
         log.error("replica of %s: %s", tier, e)
         await clients.aclose()
         return 2
+    gc_tuning.tune()
     engine_name = engine_name or cfg.tiers[tier].engine
     engine = build_engine(engine_name, cfg.tiers[tier], time_scale=time_scale)
     worker = Worker(cfg, tier, engine, clients.calls, replica_id=replica_id, engine_name=engine_name,
-                    blocking=clients.blocking, pubsub=clients.pubsub_client, version=version)
+                    blocking=clients.blocking, pubsub=clients.pubsub_client, version=version,
+                    started=gc_tuning.freeze)
     loop = asyncio.get_running_loop()
     for sig, act in ((signal.SIGTERM, worker.drain), (signal.SIGINT, worker.drain),
                      (signal.SIGUSR1, worker.park), (signal.SIGUSR2, worker.resume)):

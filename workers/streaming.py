@@ -3,24 +3,20 @@
 A write per token costs the fleet a Redis round trip in the worker (on loopback TCP the
 send alone is ~0.2 ms of the worker's CPU), a stream entry, an SSE chunk in the gateway
 and a parse in the client: on a small box that is CPU the engine itself needs (see
-bench/engine_passthrough.py). So one writer per replica gathers the text of all its
-streams and writes it in one round trip.
+bench/engine_passthrough.py and docs/token-relay-profile.md). So one writer per replica
+gathers the text of all its streams and writes it in one round trip.
 
-The window is adaptive. While the replica streams to few callers (up to `busy_streams`,
-16), nothing waits: text is written as soon as the previous write returns, so a caller
-gets a chunk per token from an engine or upstream that produces them apart, and only
-tokens that arrive within one Redis round trip of each other share a chunk. With more
-streams open, the writer lets `window_s` pass after each write, so a busy replica
-spends one round trip on many tokens of many streams. Even then a request's first
-text, and the rest of a finished request, cut the window short: the caller's time to
-first token and to its last token do not wait. A token waits at most one window plus
-one write.
+The writer keeps a replica-wide pace: after each write it lets `window_s` pass
+(`stream_window_ms`, 20 ms by default) before the next, so however many calls are open,
+one round trip carries every token that came meanwhile, of every stream. The pace is cut
+short by a request's first text (its caller's time to first token is never held) and by
+a request's close (its last tokens go out at once, then its final event). A token waits
+at most one window plus one write; `window_s` 0 writes as fast as Redis takes them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +28,6 @@ from fleet.tasks import cancel_and_wait
 from workers.engines.base import Delta
 
 WINDOW_S = 0.02  # 20 ms: below what a reader notices, a few decode steps of a busy engine
-BUSY_STREAMS = 16  # more open streams than this on a replica: batch their writes by the window
 
 
 class LeaseLost(Exception):
@@ -101,13 +96,13 @@ class StreamWriter:
     `discard` in any case when the attempt ends. Keying by the attempt, not the
     request, keeps a stalled old attempt from touching a new one's stream."""
 
-    def __init__(self, line: Line, window_s: float = WINDOW_S, busy_streams: int = BUSY_STREAMS) -> None:
+    def __init__(self, line: Line, window_s: float = WINDOW_S) -> None:
         self.line = line
         self.window_s = window_s
-        self.busy_streams = busy_streams
         self._streams: dict[str, _Stream] = {}
         self._more = asyncio.Event()  # something is buffered
-        self._now = asyncio.Event()  # a first token or a close: skip the window
+        self._now = False  # a first token or a close: skip (or end) the window
+        self._pause: asyncio.Future[None] | None = None  # the window being let pass, if one is
         self._task: asyncio.Task[None] | None = None
 
     def open(self, lease: str, rid: str, owner: str, attempt: int, *, chat: bool = True, model: str = "") -> None:
@@ -122,7 +117,7 @@ class StreamWriter:
         if s.error is not None:
             raise s.error  # a failed write fails its request now, not at the end
         if not s.sent_any and not s.pending:
-            self._now.set()
+            self._hurry()
         s.add(delta)
         s.written.clear()
         self._more.set()
@@ -131,7 +126,7 @@ class StreamWriter:
         """Returns once every token pushed for this attempt is in its result stream."""
         s = self._streams[lease]
         if not s.written.is_set():
-            self._now.set()
+            self._hurry()
             await s.written.wait()
         if s.error is not None:
             raise s.error
@@ -143,14 +138,33 @@ class StreamWriter:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)  # its writes go to Redis, where a cancel can be lost
 
+    def _hurry(self) -> None:
+        """Write at once: now if the window is being let pass, else right after the write in flight."""
+        self._now = True
+        if self._pause is not None and not self._pause.done():
+            self._pause.set_result(None)
+
+    async def _let_window_pass(self) -> None:
+        """Wait out `window_s` unless hurried. A plain timer and a future, not asyncio.wait_for,
+        which on Python 3.11 starts a task per wait."""
+        if self._now or self.window_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._pause = pause = loop.create_future()
+        timer = loop.call_later(self.window_s, _settle, pause)
+        try:
+            await pause
+        finally:
+            timer.cancel()
+            self._pause = None
+
     async def _write_loop(self) -> None:
-        """Write every stream's buffered text in one round trip, then, on a busy replica, let the
-        window pass (cut short by a first token or a close); a lost lease or a Redis error fails
-        its streams."""
+        """Write every stream's buffered text in one round trip, then let the window pass (cut
+        short by a first token or a close); a lost lease or a Redis error fails its streams."""
         while True:
             await self._more.wait()
             self._more.clear()
-            self._now.clear()
+            self._now = False
             batch = [(s, s.take()) for s in self._streams.values() if s.pending]
             if not batch:  # its requests were discarded meanwhile
                 continue
@@ -167,8 +181,10 @@ class StreamWriter:
                 s.sent_any = True
                 if not s.pending:
                     s.written.set()
-            # The window, on a busy replica only: text that arrives meanwhile, from any stream,
-            # rides in the next write. With few streams the next write goes at once.
-            if len(self._streams) > self.busy_streams:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._now.wait(), self.window_s)
+            # The pace: text that arrives meanwhile, from any stream, rides in the next write.
+            await self._let_window_pass()
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

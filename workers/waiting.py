@@ -22,17 +22,17 @@ RING_S = 0.5  # a drain's ring, then the wait's end, are waited for this long ea
 
 
 async def wait_and_claim(line: Line, holding: asyncio.Event, wake: str, replica: str, free: int, lease_s: float,
-                         caps: tuple[int, ...] | None) -> Claims:
-    """Wait for the bell and claim up to `free` (see `Line.wait_and_claim`); `holding` set meanwhile
-    (drain, park) rings `wake` so the wait ends now. Raises the wait's Redis error."""
-    wait = asyncio.ensure_future(line.wait_and_claim(replica, free, lease_s, caps, timeout_s=WAIT_S, wake=wake))
+                         caps: tuple[int, ...] | None, *, timeout_s: float = WAIT_S) -> Claims:
+    """Wait for the bell and claim up to `free` (see `Line.wait_and_claim`), `timeout_s` at most; `holding`
+    set meanwhile (drain, park) rings `wake` so the wait ends now. Raises the wait's Redis error."""
+    wait = asyncio.ensure_future(line.wait_and_claim(replica, free, lease_s, caps, timeout_s=timeout_s, wake=wake))
     hold = asyncio.ensure_future(holding.wait())
     try:
         await asyncio.wait({wait, hold}, return_when=asyncio.FIRST_COMPLETED)
         if not wait.done():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(line.ring(wake), RING_S)
-            await asyncio.wait({wait}, timeout=WAIT_S + RING_S)
+            await asyncio.wait({wait}, timeout=timeout_s + RING_S)
     finally:
         hold.cancel()
         if not wait.done():  # Redis frozen (or this task cancelled): give the wait up, as before

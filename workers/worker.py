@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -25,18 +26,20 @@ from redis.exceptions import RedisError
 from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.policy import replica_concurrency, tier_capacity
+from fleet.store.affinity import tier_line
 from fleet.store.events import Done, Failed
 from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
-from fleet.store.ledger import Ledger
-from fleet.store.line import Claimed, Line
+from fleet.store.ledger import Ledger, TokenCharge
+from fleet.store.line import Claimed
 from fleet.store.payloads import BadPayload, CallPayload
 from fleet.store.version_outcomes import queue_outcome
 from fleet.tasks import cancel_and_wait
+from workers.charging import Charges
 from workers.engines.base import Engine, EngineError, EngineRequest
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.serving import Progress, run_engine
 from workers.streaming import LeaseLost, StreamWriter
-from workers.waiting import wait_and_claim
+from workers.waiting import WAIT_S, wait_and_claim
 
 log = logging.getLogger("fleet.worker")
 
@@ -44,24 +47,25 @@ log = logging.getLogger("fleet.worker")
 class Worker:
     def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
                  replica_id: str | None = None, engine_name: str = "sim", blocking: Redis | None = None,
-                 pubsub: Redis | None = None, version: str = "") -> None:
+                 pubsub: Redis | None = None, version: str = "", started: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.tier = tier
         self.tc = cfg.tiers[tier]
         self.engine = engine
         self.engine_name = engine_name
         self.version = version  # the model version it runs, in every heartbeat
+        self._started = started  # called once the engine is up (a replica's process freezes the gc then)
         self.redis = redis
         self.pubsub_redis = pubsub or redis  # subscriptions wait without a read timeout
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
-        self.line = Line(redis, cfg.namespace, tier, result_ttl_s=cfg.result_ttl_s, rate_window_s=cfg.rate_window_s,
-                         blocking=blocking)
+        self.line = tier_line(redis, cfg, tier, blocking)  # affine where the tier says so
         self.ledger = Ledger(redis, cfg.namespace, tier, self.tc)
         self.state = "starting"
         self.active: dict[str, asyncio.Task[None]] = {}
         self.owners: dict[str, str] = {}  # rid -> the lease this replica holds on it
         # The tokens of all streamed requests, written together.
         self.streams = StreamWriter(self.line, cfg.stream_window_ms / 1000)
+        self.charges = Charges(self.ledger, cfg.stream_window_ms / 1000)  # ended calls' tokens, charged together
         self.concurrency = self.tc.slots  # bounded by the KV cache once the engine has started
         self.completed = 0
         self.failed: str | None = None  # why the replica gave up, if it did
@@ -95,6 +99,8 @@ class Worker:
             self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
             self.model_name = getattr(self.engine, "model_name", None)  # the engine's name, in every answer
             self.concurrency = self._concurrency()
+            if self._started is not None:
+                self._started()
             if not self._draining.is_set():
                 self.state = "ready"
             await self._heartbeat_once()
@@ -108,6 +114,7 @@ class Worker:
                 await cancel_and_wait(cancels)  # not a lone cancel(): one lost in a Redis call hangs the exit
         finally:
             await cancel_and_wait(hb)
+            await self.charges.stop()
             with contextlib.suppress(Exception):  # the last seconds cost too; then nothing more for this id
                 await self.ledger.accrue(self.replica_id, self.state, self.started_at, final=True)
             await self.streams.stop()
@@ -164,6 +171,7 @@ class Worker:
         A Redis error waits a little and retries; what already runs keeps running.
         """
         waiting = False  # the next claim waits for the bell first
+        retry_s = WAIT_S  # how long that wait lasts at most
         while not self._draining.is_set():
             if self.parked:
                 await _first(self._resumed.wait(), self._draining.wait())
@@ -187,7 +195,7 @@ class Worker:
             try:
                 caps = self.preemptor.caps(self.concurrency)
                 claimed = await (wait_and_claim(self.line, self._holding, self._wake, self.replica_id, free,
-                                                self.tc.lease_s, caps) if waiting
+                                                self.tc.lease_s, caps, timeout_s=retry_s) if waiting
                                  else self.line.claim(self.replica_id, free, self.tc.lease_s, caps))
             except Exception:  # Redis away: keep what runs, try again shortly
                 log.exception("claim failed; retrying")
@@ -203,6 +211,8 @@ class Worker:
                 # Tracked now, not when its task starts: the next claim's caps count it.
                 self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
             waiting = not claimed.more
+            # Calls left waiting for the replica that caches them: back when they are anyone's.
+            retry_s = claimed.retry_s or WAIT_S
             if claimed and waiting:
                 await asyncio.sleep(0)  # the claimed requests reach their engine before the next wait goes out
 
@@ -288,7 +298,8 @@ class Worker:
     async def _release(self, c: Claimed, attempt: Attempt, progress: Progress, key: str) -> None:
         """Free the slot, and charge every token generated, useful or not (late, failed,
         cancelled), except a preempted attempt's: it runs again, and only the attempt that ends
-        it counts. The version's outcome goes in the charge's round trip."""
+        it counts. The version's outcome goes in the charge's round trip, with the other calls that
+        end within the window (`workers.charging`)."""
         self.streams.discard(c.lease)
         made = getattr(self.engine, "made", None)  # an engine that answers whole counts what it made meanwhile
         if made is not None:
@@ -300,11 +311,10 @@ class Worker:
         if self.preemptor.untrack(c.rid, attempt):
             return
         ended = progress.ended
-        with contextlib.suppress(Exception):
-            await self.ledger.record_tokens(
-                key, c.priority, progress.prompt_tokens, progress.completion_tokens, useful=progress.useful,
-                also=None if ended is None else lambda pipe: queue_outcome(
-                    pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0))
+        self.charges.add(TokenCharge(
+            key, c.priority, progress.prompt_tokens, progress.completion_tokens, progress.useful,
+            None if ended is None else lambda pipe: queue_outcome(
+                pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0)))
 
     async def _finish(self, c: Claimed, outcome: str, event: Done | Failed, **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not

@@ -19,6 +19,7 @@ class ObservedReplica:
     started: float  # epoch seconds it was launched
     cold_start_s: float | None = None  # its engine's own start-up, once measured
     version: str = ""  # the model version it runs (the registry's), "" when unknown
+    cached: int = 0  # prefixes it served lately (`fleet.store.affinity`): what its KV cache holds for the tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,10 @@ NO_REPLICAS = Replicas()
 def scale_in_victims(members: Iterable[ObservedReplica], n: int = 1,
                      eligible: set[str] | None = None) -> list[ObservedReplica]:
     """Which replicas leave when a tier scales in by `n`: ready ones only (never one that is
-    starting), those with the fewest requests in flight first (they drain soonest), the
-    youngest on a tie (the older ones have warm caches). `eligible`: the ids the caller may
-    drain (a supervisor drains only what it manages); None: any."""
+    starting), the coldest prefix cache first (fewest prefixes served lately: the chains it
+    leaves lose the least, `fleet.store.affinity`), then the fewest requests in flight (they
+    drain soonest), the youngest on a tie. `eligible`: the ids the caller may drain (a
+    supervisor drains only what it manages); None: any."""
     ready = [r for r in members if r.state == "ready" and (eligible is None or r.id in eligible)]
-    ready.sort(key=lambda r: (r.in_use, -r.started))
+    ready.sort(key=lambda r: (r.cached, r.in_use, -r.started))
     return ready[:max(0, n)]

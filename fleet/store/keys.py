@@ -42,6 +42,25 @@ class TierKeys:
         return self._k(f"wake:{replica}")
 
     @property
+    def affinity(self) -> str:
+        """HASH prefix key -> the replica that claimed a call of it last; `affinity_at` ZSET prefix
+        key -> when; `affinity_count` HASH replica -> prefixes it holds; `claimers` ZSET replica ->
+        its last claim (ms). Written by the affine claim, read by it and the scaler (`fleet.store.affinity`)."""
+        return self._k("aff")
+
+    @property
+    def affinity_at(self) -> str:
+        return self._k("aff:at")
+
+    @property
+    def affinity_count(self) -> str:
+        return self._k("aff:n")
+
+    @property
+    def claimers(self) -> str:
+        return self._k("claimers")
+
+    @property
     def counters(self) -> str:
         """HASH accepted / completed / expired / cancelled / failed and token totals."""
         return self._k("counters")

@@ -33,7 +33,7 @@ lifetime totals and tokens by key and class.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,19 @@ def _s(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+@dataclass(frozen=True, slots=True)
+class TokenCharge:
+    """One attempt's tokens to charge (`Ledger.record_many`); `also(pipeline)` queues the
+    caller's own writes in the same round trip (see `Ledger.record_tokens`)."""
+
+    key: str
+    priority: str
+    prompt: int
+    completion: int
+    useful: bool
+    also: Callable[[Any], Any] | None = None
+
+
 class Ledger:
     """One tier's spend ledger. Safe to share across tasks; each write is one Lua call."""
 
@@ -221,21 +234,30 @@ class Ledger:
 
         `also(pipeline)` queues the caller's own writes (a worker's version outcome) to go out in
         the same round trip as the charge; they run even when there is nothing to charge."""
-        keys = [self.keys.ledger_total]
-        args = [self.day_prefix, key or "-", priority, max(0, prompt), max(0, completion), "1" if useful else "0",
-                self.token_nano, RETAIN_DAYS * 86400]
-        charge = prompt > 0 or completion > 0
-        if also is None:
-            if charge:
-                await self._tokens(keys=keys, args=args)
-            return
+        await self.record_many([TokenCharge(key, priority, prompt, completion, useful, also)])
+
+    async def record_many(self, charges: Sequence[TokenCharge]) -> None:
+        """Charge many attempts (each as `record_tokens` would) in one round trip: a replica
+        charges the calls that ended within one pace together. Raises the first error, once every
+        charge was tried."""
+        runs: list[tuple[int, list[Any], list[Any]]] = []  # (position in the pipeline, keys, args)
         async with self.redis.pipeline(transaction=False) as p:
-            if charge:  # EVALSHA itself: a Script on a pipeline costs a SCRIPT EXISTS round trip first
-                p.evalsha(self._tokens.sha, len(keys), *keys, *args)
-            also(p)
+            for c in charges:
+                keys = [self.keys.ledger_total]
+                args = [self.day_prefix, c.key or "-", c.priority, max(0, c.prompt), max(0, c.completion),
+                        "1" if c.useful else "0", self.token_nano, RETAIN_DAYS * 86400]
+                if c.prompt > 0 or c.completion > 0:
+                    runs.append((len(p), keys, args))
+                    # EVALSHA itself: a Script on a pipeline costs a SCRIPT EXISTS round trip first
+                    p.evalsha(self._tokens.sha, len(keys), *keys, *args)
+                if c.also is not None:
+                    c.also(p)
+            if not len(p):
+                return
             got = await p.execute(raise_on_error=False)
-        if charge and isinstance(got[0], NoScriptError):  # not run (Redis lost its scripts): run it now, once
-            got[0] = await self._tokens(keys=keys, args=args)
+        for at, keys, args in runs:
+            if isinstance(got[at], NoScriptError):  # not run (Redis lost its scripts): run it now, once
+                got[at] = await self._tokens(keys=keys, args=args)
         for r in got:
             if isinstance(r, Exception):
                 raise r

@@ -32,7 +32,7 @@ X-Deadline-Ms at enqueue, so gateway and worker clocks need not agree.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
@@ -76,11 +76,10 @@ class Claimed:
     priority: str
     owner: str  # this attempt's lease on the request: "<replica>:<attempt>"
     preempted: int = 0  # times it was preempted before this attempt (see PREEMPT)
+    lease: str = field(default="", init=False)  # names this attempt uniquely within a replica
 
-    @property
-    def lease(self) -> str:
-        """Names this attempt of this request uniquely within a replica."""
-        return f"{self.rid}@{self.owner}"
+    def __post_init__(self) -> None:
+        self.lease = f"{self.rid}@{self.owner}"  # built once: the stream writer is keyed by it per token
 
 
 @dataclass(slots=True)
@@ -105,11 +104,11 @@ class LineSnapshot:
 
 
 class Claims(list[Claimed]):
-    """What one claim took; `more`: the line may hold more this replica could claim now."""
+    """What one claim took; `more`: the line may hold more to claim now; `retry_s`: see `fleet.store.affinity`."""
 
-    def __init__(self, claimed: Iterable[Claimed] = (), *, more: bool = False) -> None:
+    def __init__(self, claimed: Iterable[Claimed] = (), *, more: bool = False, retry_s: float = 0.0) -> None:
         super().__init__(claimed)
-        self.more = more
+        self.more, self.retry_s = more, retry_s
 
 
 class Waiter(NamedTuple):
@@ -161,21 +160,22 @@ class Line(LineResults):
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
                       chain: str = "", admitting: tuple[str, str] | None = None, *,
-                      ack: Ack | None = None, place: Place | None = None) -> int:
+                      ack: Ack | None = None, affinity: str = "", place: Place | None = None) -> int:
         """Join the line; returns the absolute deadline on the Redis clock.
 
         `admitting` (key, member): the admission mark this request held, dropped in the same
         step, so no instant counts it twice or not at all. `ack`: where the node has replicas,
         return once that many have it or its timeout passed (`fleet.store.replication`).
-        A gateway's line records the call under its `caller` (`fleet.store.callers`). `place`: its
-        flow in a fair tier (`fleet.store.flows`); None: by arrival within its class (fifo).
+        A gateway's line records the call under its `caller` (`fleet.store.callers`); `affinity`:
+        its prefix key, which affine claims prefer on the replica that holds it (`fleet.store.affinity`).
+        `place`: its flow in a fair tier (`fleet.store.flows`); None: by arrival within its class (fifo).
         """
         k, fair = self.keys, place or Place("", 0, 1.0)
         keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *fair.keys(k, int(priority)),
                 *(admitting[:1] if admitting else ())]
         args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
                            self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS,
-                           place.cost if place else "", fair.half_ms]
+                           place.cost if place else "", fair.half_ms, affinity]
         if ack is None or ack.replicas <= 0 or not await self.replicas.known():
             deadline, _ = await self._enqueue(keys=keys, args=args)
             return int(deadline)
@@ -194,10 +194,10 @@ class Line(LineResults):
         """
         if n <= 0:
             return Claims()
-        k = self.keys
-        more, rows = await self._claim(keys=[k.line, k.inflight, k.counters], args=self._claim_args(replica, n,
-                                                                                                   lease_s, caps))
-        return _claims(more, rows)
+        return _claims(*await self._claim(keys=self._claim_keys(), args=self._claim_args(replica, n, lease_s, caps)))
+
+    def _claim_keys(self) -> list[str]:
+        return [self.keys.line, self.keys.inflight, self.keys.counters]
 
     def _claim_args(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None) -> list[Any]:
         args: list[Any] = [n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s]
@@ -222,10 +222,9 @@ class Line(LineResults):
         if isinstance(self.blocking, RedisCluster):  # a cluster pipeline is no ordered stream: two round trips
             await self.blocking.blpop(keys, timeout=block)
             return await self.claim(replica, n, lease_s, caps)
-        k = self.keys
         async with self.blocking.pipeline(transaction=False) as p:
             p.blpop(keys, timeout=block)
-            p.evalsha(self._claim.sha, 3, k.line, k.inflight, k.counters, *self._claim_args(replica, n, lease_s, caps))
+            p.evalsha(self._claim.sha, len(ck := self._claim_keys()), *ck, *self._claim_args(replica, n, lease_s, caps))
             _, got = await p.execute(raise_on_error=False)
         if isinstance(got, NoScriptError):  # Redis restarted (no scripts): the wait is over, claim as usual
             return await self.claim(replica, n, lease_s, caps)
@@ -358,10 +357,10 @@ class Line(LineResults):
         return [int(i) for i in await self._emit(keys=keys, args=args)]
 
 
-def _claims(more: Any, rows: list[Any]) -> Claims:
+def _claims(more: Any, rows: list[Any], retry_ms: Any = 0) -> Claims:
     return Claims((Claimed(rid=_s(r[0]), payload=r[1], attempt=int(r[2]), remaining_ms=int(r[3]),
                            waited_ms=int(r[4]), priority=_s(r[5]), owner=_s(r[6]), preempted=int(r[7] or 0))
-                   for r in rows), more=bool(int(more)))
+                   for r in rows), more=bool(int(more)), retry_s=int(retry_ms) / 1000)
 
 
 def _s(v: Any) -> str:

@@ -66,10 +66,11 @@ end
 
 # KEYS: line seq bell counters arrivals req flow_clock flow [admitting]
 # ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms admitting_member gateway lease_ms
-#       cost half_ms
+#       cost half_ms [prefix key]
 # (admitting_member '' without the admitting key; gateway '' for no caller's record: `MARK`).
 # `cost` '' places the call by arrival (fifo); else by its flow's start tag (`fleet.store.flows`):
 # the flow's record becomes start + cost, kept ten half-lives past the call's deadline.
+# ARGV[14], optional: the call's prefix key (`fleet.store.affinity`), kept as `aff` (12 and 13: the fair line's).
 # Returns {deadline_ms, now_ms} on the Redis clock.
 ENQUEUE = CLOCK + MARK + FLOW_START + """
 local seq = redis.call('INCR', KEYS[2])
@@ -88,6 +89,7 @@ end
 local deadline = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], 'payload', ARGV[3], 'rank', ARGV[2], 'priority', ARGV[5], 'chain', ARGV[6],
   'deadline', n2s(deadline), 'enq', n2s(now), 'score', score, 'state', 'queued', 'attempt', 0, 'owner', '')
+if ARGV[14] and ARGV[14] ~= '' then redis.call('HSET', KEYS[6], 'aff', ARGV[14]) end
 redis.call('PEXPIRE', KEYS[6], tonumber(ARGV[4]) + tonumber(ARGV[7]) * 1000)
 redis.call('ZADD', KEYS[1], score, ARGV[1])
 if redis.call('LPUSH', KEYS[3], 1) > 64 then redis.call('LTRIM', KEYS[3], 0, 63) end

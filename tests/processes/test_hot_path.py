@@ -70,7 +70,16 @@ def private_url() -> Iterator[str]:
         server.stop()
 
 
+_made = [0]  # calls made in this module so far
+
+
+def _charged(r: redis.Redis) -> int:
+    """Calls the worker has charged (each charge carries its version's outcome, one entry a call)."""
+    return sum(r.xlen(k) for k in r.scan_iter(match="*:models:outcomes", count=1000))
+
+
 def _call(c: httpx.Client, base: str, stream: bool) -> None:
+    _made[0] += 1
     body = {"model": "fast", "messages": [{"role": "user", "content": "count me"}], "max_tokens": 4,
             "stream": stream}
     r = c.post(f"{base}/v1/chat/completions", json=body, timeout=10)
@@ -97,6 +106,9 @@ def _commands_per_call(r: redis.Redis, base: str, stream: bool) -> dict[str, col
                 if mark in str(cmd["command"]):
                     return
 
+    # A worker charges the calls that end within one stream window together (workers.charging):
+    # the earlier calls' charges are sent before counting starts, these calls' before it ends.
+    wait_until(lambda: _charged(r) >= _made[0], 10, what="the earlier calls charged")
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     wait_until(lambda: r.echo(start) and on.wait(0.1), 10, what="MONITOR seeing commands")
@@ -107,6 +119,7 @@ def _commands_per_call(r: redis.Redis, base: str, stream: bool) -> dict[str, col
     # batch, so the count holds every command these calls cost.
     wait_until(lambda: not list(r.scan_iter(match="*:res:[0-9a-f]*", count=1000)), 10,
                what="the result streams unlinked")
+    wait_until(lambda: _charged(r) >= _made[0], 10, what="these calls charged")
     r.echo(mark)
     t.join(10)
     names = {c["addr"]: c["name"] for c in r.client_list()}

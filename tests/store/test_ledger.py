@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from fleet.config import TierConfig
 from fleet.policy.tier_budget import token_burn_since
-from fleet.store.ledger import NANO, Ledger, plan_fields
+from fleet.store.ledger import NANO, Ledger, TokenCharge, plan_fields
 
 
 @pytest_asyncio.fixture
@@ -127,3 +127,31 @@ async def test_tokens_by_key_and_class_and_what_counts_as_useful(redis: Redis) -
     assert day.useful_tokens == 55 and day.usd * NANO == pytest.approx(570_000, abs=1)
     now = time.time()
     assert await lg.token_usd_since(token_burn_since(now), now) == pytest.approx(tot.token_usd, abs=1e-9)
+
+
+async def test_charges_of_many_ended_calls_go_together_and_add_up_exactly(redis: Redis) -> None:
+    """A busy replica charges the calls that end within one window in one round trip
+    (`workers.charging`): the totals are those of charging each alone, and what waits when the
+    replica stops is sent, not lost."""
+    from workers.charging import Charges
+
+    lg = ledger(redis, hourly_usd=0.0, usd_per_million_tokens=1.0)
+    sent: list[int] = []
+    record_many = lg.record_many
+
+    async def counted(charges):  # type: ignore[no-untyped-def]
+        sent.append(len(charges))
+        await record_many(charges)
+
+    lg.record_many = counted  # type: ignore[method-assign]
+    charges = Charges(lg, window_s=0.05)
+    for i in range(50):  # 50 calls ending at once, then 50 more while the first round trip runs
+        charges.add(TokenCharge(f"k{i % 5}", "interactive", 10, 4, useful=i % 2 == 0))
+    await asyncio.sleep(0)
+    for i in range(50):
+        charges.add(TokenCharge(f"k{i % 5}", "interactive", 10, 4, useful=True))
+    await charges.stop()
+    tot = await lg.totals()
+    assert (tot.tokens, tot.completion_tokens, tot.useful_tokens) == (1400, 400, 300)
+    assert sum(sent) == 100 and len(sent) <= 3  # a round trip per call would be 100
+    assert (await lg.tokens_by_key())[("k0", "interactive")] == {"pt": 200, "ct": 80, "ut": 60}

@@ -59,7 +59,7 @@ async def texts(line: Line, rid: str) -> list[str]:
 
 
 async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> None:
-    w = StreamWriter(line, window_s=0.05, busy_streams=2)  # 4 streams: a busy replica, the window applies
+    w = StreamWriter(line, window_s=0.05)
     reqs = await running(line, 4)
     for c in reqs:
         w.open(c.lease, c.rid, c.owner, c.attempt)
@@ -82,9 +82,24 @@ async def test_many_streams_in_order_in_few_round_trips(line: CountingLine) -> N
     await w.stop()
 
 
-async def test_few_streams_wait_for_no_window(line: CountingLine) -> None:
-    """A replica streaming to few callers writes each token as it comes: a chunk per token."""
-    w = StreamWriter(line, window_s=5.0)  # a window no test could sit out
+async def test_one_stream_is_paced_too_first_token_at_once(line: CountingLine) -> None:
+    """A replica streaming to one caller batches by the same pace as a busy one: the first token
+    goes out alone and at once, what follows within the window shares one chunk."""
+    w = StreamWriter(line, window_s=2.0)
+    [c] = await running(line)
+    w.open(c.lease, c.rid, c.owner, c.attempt)
+    w.push(c.lease, Delta("t0 "))
+    await until(lambda: texts(line, c.rid), ["t0 "], limit_s=1.5)  # within the window: not held by it
+    for i in range(1, 5):
+        w.push(c.lease, Delta(f"t{i} "))
+    await until(lambda: texts(line, c.rid), ["t0 ", "t1 t2 t3 t4 "], limit_s=10.0)
+    assert line.writes == 2
+    await w.stop()
+
+
+async def test_no_window_writes_each_token_as_it_comes(line: CountingLine) -> None:
+    """`stream_window_ms: 0`: each write goes as soon as the previous one returned."""
+    w = StreamWriter(line, window_s=0)
     [c] = await running(line)
     w.open(c.lease, c.rid, c.owner, c.attempt)
     for i in range(5):
@@ -96,7 +111,7 @@ async def test_few_streams_wait_for_no_window(line: CountingLine) -> None:
 
 
 async def test_first_token_is_not_held_for_the_window(line: Line) -> None:
-    w = StreamWriter(line, window_s=5.0, busy_streams=0)  # the window always applies
+    w = StreamWriter(line, window_s=5.0)  # a window no test could sit out
     a, b = await running(line, 2)
     w.open(a.lease, a.rid, a.owner, a.attempt)
     w.push(a.lease, Delta("x"))  # starts a long window after its write

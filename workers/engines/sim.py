@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fleet.config import SimProfile
+from fleet.prefix import prefix_key
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
 from workers.engines.base import Delta, EngineRequest
@@ -83,7 +84,11 @@ class SimEngine:
             await self._kv_free.wait_for(lambda: self.model.fits(need))
             self.model.reserve(need)
         try:
-            await asyncio.sleep(prefill_s(self.profile, prompt_tokens) * self.time_scale)
+            # The prefix this replica served last for the same conversation is cached: only the rest is computed.
+            prefix = prefix_key(req.kind, req.body) or None
+            await asyncio.sleep(prefill_s(self.profile, self.model.prefixes.uncached_tokens(prefix, prompt_tokens))
+                                * self.time_scale)
+            self.model.prefixes.store(prefix, prompt_tokens + steps)
             ticks: asyncio.Queue[int | None] = asyncio.Queue()
             self._tokens[req.request_id] = ticks
             self.model.join(req.request_id, steps)
