@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from fleet.policy.observation import BudgetSignal, TierObservation
-from fleet.policy.replicas import ObservedReplica, Replicas
+from fleet.policy.observation import TierObservation, budget_signal, observe_tier
+from fleet.policy.replicas import ObservedReplica
 from fleet.store.affinity import cached_prefixes
 from fleet.store.heartbeats import Heartbeat, read_heartbeats
 from fleet.store.line import Line, LineSnapshot
@@ -29,20 +29,13 @@ def observed(beat: Heartbeat, state: str | None = None, cached: int = 0) -> Obse
                            started=beat.started, cold_start_s=beat.cold_start_s, version=beat.version, cached=cached)
 
 
-def budget_signal(state: BudgetState | None) -> BudgetSignal | None:
-    if state is None:
-        return None
-    v = state.view
-    return BudgetSignal(exhausted=v.exhausted, retry_at=v.retry_at, ceiling=v.ceiling)
-
-
 def observation_of(tier: str, snap: LineSnapshot, replicas: Iterable[ObservedReplica], budget: BudgetState | None,
                    *, window_s: float, now: float, startups_measured: Iterable[float] = ()) -> TierObservation:
-    return TierObservation(
-        tier=tier, now=now, window_s=window_s, line=snap.by_class, oldest_wait_s=snap.oldest_wait_s,
-        in_flight=snap.inflight, arrivals_in_window=snap.arrivals_in_window,
-        completions_in_window=snap.completions_in_window, replicas=Replicas.of(replicas),
-        startups_measured=tuple(startups_measured), budget=budget_signal(budget))
+    return observe_tier(
+        tier, now, window_s, line=snap.by_class, oldest_wait_s=snap.oldest_wait_s, in_flight=snap.inflight,
+        arrivals_in_window=snap.arrivals_in_window, completions_in_window=snap.completions_in_window,
+        replicas=replicas, startups_measured=startups_measured,
+        budget=budget_signal(budget.view if budget is not None else None))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,55 @@ from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario
 
 
+def _scenario(path: str, policy: str, affinity: bool) -> Any:
+    """The scenario to replay (affinity off where asked), or None after saying what is wrong."""
+    try:
+        sc = load_scenario(path)
+        make_policy(policy)
+    except (ScenarioError, UnknownPolicy) as e:
+        click.echo(f"fleet: {e}", err=True)
+        return None
+    if not affinity:  # the comparison: calls go to the least busy replica, wherever their prefix is cached
+        for tc in sc.cfg.tiers.values():
+            tc.affinity = tc.affinity.model_copy(update={"enabled": False})
+    return sc
+
+
+def _bound_json(bound: dict[str, Any]) -> dict[str, Any]:
+    """The clairvoyant bound as --json writes it: totals, then each tier."""
+    return {
+        "replica_hours": round(sum(b.replica_seconds for b in bound.values()) / 3600, 3),
+        "spend_usd": round(sum(b.spend_usd for b in bound.values()), 4),
+        "tiers": {t: {"replica_hours": round(b.replica_seconds / 3600, 3),
+                      "ready_hours": round(b.ready_s / 3600, 3),
+                      "cold_start_hours": round(b.starting_s / 3600, 3), "peak_replicas": b.peak_replicas,
+                      "committed_calls": b.committed_calls, "infeasible_calls": b.infeasible_calls,
+                      "spend_usd": round(b.spend_usd, 4)} for t, b in bound.items()},
+    }
+
+
+def _fairness(sc: Any, policy: str, seed: int, trace: Any, main: Any,
+              compare: bool) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
+    """The chains' outcomes (`flows`) and, with --compare or when the scenario expects it, fair
+    against fifo on the same trace (`fairness_compare`) with its checks (docs/fair-line.md)."""
+    exp = sc.spec.expect
+    out: dict[str, Any] = {"flows": flow_summary(main, exp.get("flood_key"))}
+    if not (compare or any(k in exp for k in FAIRNESS_EXPECT)):
+        return out, []
+    out["fairness_compare"] = rows = fairness_rows(sc, policy, seed, trace)
+    return out, fairness_checks(rows, exp)
+
+
+def _echo_flows(doc: dict[str, Any]) -> None:
+    fl = doc["flows"]
+    click.echo(f"chains: {fl['chains_completed']} completed (p50 {fl['chain_p50_s']} s, p99 {fl['chain_p99_s']} s), "
+               f"{fl['chains_refused_or_late']} with a call refused or late")
+    if "fairness_compare" in doc:
+        click.echo("")
+        click.echo("fair against fifo within each class (same trace, same seed)")
+        click.echo(render_fairness(doc["fairness_compare"]))
+
+
 def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
                  plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200,
                  affinity: bool = True) -> int:
@@ -23,15 +72,9 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     Exit 1 when the scenario's `expect:` checks fail, so a scenario can gate a
     config change in CI; 2 for a bad scenario or policy name.
     """
-    try:
-        sc = load_scenario(path)
-        make_policy(policy)
-    except (ScenarioError, UnknownPolicy) as e:
-        click.echo(f"fleet: {e}", err=True)
+    sc = _scenario(path, policy, affinity)
+    if sc is None:
         return 2
-    if not affinity:  # the comparison: calls go to the least busy replica, wherever their prefix is cached
-        for tc in sc.cfg.tiers.values():
-            tc.affinity = tc.affinity.model_copy(update={"enabled": False})
     seed = sc.spec.seed if seed is None else seed
     trace = build_trace(sc, seed)
     main = simulate(sc, policy, seed, trace)
@@ -46,26 +89,12 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     if compare:
         rows = compare_rows([summary, *(summarize(o, timeline=False) for o in others)], bound, bound_all,
                             bound_floors)
-    judged = checks(main, floors_hours, rows)
-    exp = sc.spec.expect
-    # fifo against fair on the same trace: with --compare, or when the scenario expects it.
-    fair_rows = fairness_rows(sc, policy, seed, trace) if compare or any(k in exp for k in FAIRNESS_EXPECT) else None
-    if fair_rows is not None:
-        judged += fairness_checks(fair_rows, exp)
-    doc: dict[str, Any] = {**summary, "flows": flow_summary(main, exp.get("flood_key")),
+    flows, fair_checks = _fairness(sc, policy, seed, trace, main, compare)
+    judged = checks(main, floors_hours, rows) + fair_checks
+    doc: dict[str, Any] = {**summary, **flows,
                            "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
-    if fair_rows is not None:
-        doc["fairness_compare"] = fair_rows
     if bound is not None:
-        doc["clairvoyant_bound"] = {
-            "replica_hours": round(sum(b.replica_seconds for b in bound.values()) / 3600, 3),
-            "spend_usd": round(sum(b.spend_usd for b in bound.values()), 4),
-            "tiers": {t: {"replica_hours": round(b.replica_seconds / 3600, 3),
-                          "ready_hours": round(b.ready_s / 3600, 3),
-                          "cold_start_hours": round(b.starting_s / 3600, 3), "peak_replicas": b.peak_replicas,
-                          "committed_calls": b.committed_calls, "infeasible_calls": b.infeasible_calls,
-                          "spend_usd": round(b.spend_usd, 4)} for t, b in bound.items()},
-        }
+        doc["clairvoyant_bound"] = _bound_json(bound)
     if rows is not None:
         doc["compare"] = rows
     if plot_path:
@@ -89,14 +118,7 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
             click.echo("clairvoyant rows: replica-hours below which no schedule serves those calls on time, "
                        "knowing the trace and the cold start (the first row is the lower bound of the issue: "
                        "committed calls, no floor)")
-        fl = doc["flows"]
-        click.echo(f"chains: {fl['chains_completed']} completed (p50 {fl['chain_p50_s']} s, "
-                   f"p99 {fl['chain_p99_s']} s), "
-                   f"{fl['chains_refused_or_late']} with a call refused or late")
-        if fair_rows is not None:
-            click.echo("")
-            click.echo("fair against fifo within each class (same trace, same seed)")
-            click.echo(render_fairness(fair_rows))
+        _echo_flows(doc)
         if judged:
             click.echo("")
             click.echo("checks (the scenario's expect:)")

@@ -31,14 +31,15 @@ from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.observe import observed
 from fleet.policy import (
+    AdmissionInput,
     BudgetSignal,
     Calibration,
     Replicas,
     TierCapacity,
-    TierObservation,
     calibrated_capacity,
     judge_admission,
     modelled_startup_s,
+    observe_tier,
     startup_estimate,
     tier_capacity,
 )
@@ -159,14 +160,14 @@ class Admission:
         view = self.views[req.tier]
         # In a fair tier only what the line will put before it counts, not its whole class.
         ahead = None if snap.ahead_in_class is None else snap.ahead_in_class + snap.admitting[req.priority]
-        obs = TierObservation(
-            tier=req.tier, now=time.time(), window_s=window_s, line=fair_line(snap.line, req.priority, ahead),
-            completions_in_window=snap.completions_in_window, busy_s=min(snap.busy_ms / 1000, window_s),
-            completions_while_busy=snap.completions_while_busy, replicas=view.replicas,
+        obs = observe_tier(
+            req.tier, time.time(), window_s, line=fair_line(snap.line, req.priority, ahead),
+            completions_in_window=snap.completions_in_window,
+            busy_s=snap.busy_ms / 1000, completions_while_busy=snap.completions_while_busy, replicas=view.replicas,
             budget=BudgetSignal(snap.budget_exhausted, snap.budget_retry_at))
-        decision = judge_admission(obs, view.capacity, req.priority, prompt_tokens=req.prompt_tokens,
-                                   output_tokens=req.expected_output_tokens, wait_limit_s=tc.wait_limit(req.priority),
-                                   deadline_s=req.deadline_ms / 1000, max_replicas=tc.max_replicas)
+        decision = judge_admission(AdmissionInput.for_tier(
+            obs, view.capacity, tc, req.priority, prompt_tokens=req.prompt_tokens,
+            output_tokens=req.expected_output_tokens, deadline_s=req.deadline_ms / 1000))
         if not decision.admitted:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)

@@ -44,10 +44,10 @@ def _child(build_app: Callable[[], Any], cfg: FleetConfig, host: str, port: int,
           sockets=sockets)
 
 
-def serve_processes(build_app: Callable[[], Any], cfg: FleetConfig, *, host: str, port: int, processes: int,
-                    metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> int:
-    """Run `processes` gateways on host:port until SIGTERM/SIGINT; the exit status.
-    `build_app` runs in each child (each makes its own Redis clients)."""
+def _listen_all(host: str, port: int, processes: int, metrics_port: int | None,
+                metrics_host: str) -> list[list[socket.socket]]:
+    """Each process's sockets, bound here before the fork: the shared port (SO_REUSEPORT) and
+    its own metrics port. One that cannot be bound closes those already bound."""
     groups: list[list[socket.socket]] = []
     try:
         for i in range(processes):
@@ -59,6 +59,14 @@ def serve_processes(build_app: Callable[[], Any], cfg: FleetConfig, *, host: str
         for s in (s for g in groups for s in g):
             s.close()
         raise
+    return groups
+
+
+def serve_processes(build_app: Callable[[], Any], cfg: FleetConfig, *, host: str, port: int, processes: int,
+                    metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> int:
+    """Run `processes` gateways on host:port until SIGTERM/SIGINT; the exit status.
+    `build_app` runs in each child (each makes its own Redis clients)."""
+    groups = _listen_all(host, port, processes, metrics_port, metrics_host)
     ctx = multiprocessing.get_context("fork")
     procs = []
     for i, socks in enumerate(groups):

@@ -79,79 +79,112 @@ def stream_call(env: Environment, http: requests.Session, host: str, tier: str, 
         headers["Authorization"] = f"Bearer {API_KEY}"
     body = {"model": tier, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}}
-    name = f"{tier} {priority}"
-    t0 = time.perf_counter()
-    ttft: float | None = None
-    chunks = 0
-    usage: dict[str, Any] = {}
-
-    def fire(exc: Exception | None, tokens: int = 0) -> None:
-        env.events.request.fire(request_type="SSE", name=name, response_time=(time.perf_counter() - t0) * 1000,
-                                response_length=tokens, exception=exc, context={"tier": tier, "priority": priority})
-
+    timer = _Timer(env, tier, priority)
     try:
         with http.post(f"{host}/v1/chat/completions", json=body, headers=headers, stream=True,
                        timeout=(5, deadline_ms / 1000 + 30)) as resp:
-            if resp.status_code == 429:
-                err = _error(resp)
-                reason = str(err.get("code") or "unknown")
-                SHEDS[reason] += 1
-                env.events.request.fire(request_type="SHED", name=reason,
-                                        response_time=(time.perf_counter() - t0) * 1000, response_length=0,
-                                        exception=None, context={"tier": tier, "priority": priority})
-                return _count(Outcome("shed", reason))
-            if resp.status_code == 504:
-                env.events.request.fire(request_type="EXPIRED", name=tier,
-                                        response_time=(time.perf_counter() - t0) * 1000, response_length=0,
-                                        exception=None, context={"tier": tier, "priority": priority})
-                return _count(Outcome("expired", "deadline_exceeded"))
-            if resp.status_code != 200:
-                err = _error(resp)
-                fire(GatewayError(f"HTTP {resp.status_code} {err.get('type')}: {err.get('message')}"))
-                return _count(Outcome("failed", f"http_{resp.status_code}"))
-            done = False
-            for raw in resp.iter_lines():
-                if not raw or not raw.startswith(b"data: "):
-                    continue
-                data = raw[6:]
-                if data == b"[DONE]":
-                    done = True
-                    break
-                ev = json.loads(data)
-                if "error" in ev:
-                    e = ev["error"]
-                    if e.get("type") == "deadline_exceeded":  # the deadline passed mid-stream: honoured
-                        env.events.request.fire(request_type="EXPIRED", name=tier,
-                                                response_time=(time.perf_counter() - t0) * 1000,
-                                                response_length=0, exception=None, context={})
-                        return _count(Outcome("expired", "deadline_exceeded"))
-                    fire(GatewayError(f"stream error {e.get('type')}: {e.get('message')}"))
-                    return _count(Outcome("failed", str(e.get("type"))))
-                if ev.get("usage"):
-                    usage = ev["usage"]
-                for ch in ev.get("choices", []):
-                    if (ch.get("delta") or {}).get("content"):
-                        chunks += 1
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-            if not done:
-                fire(GatewayError("stream ended without data: [DONE]"))
-                return _count(Outcome("failed", "truncated"))
+            refused = _refused(timer, resp)
+            if refused is not None:
+                return _count(refused)
+            read = _read_stream(timer, resp)
     except (requests.RequestException, ValueError) as e:
-        fire(GatewayError(f"{type(e).__name__}: {e}"))
+        timer.fire(GatewayError(f"{type(e).__name__}: {e}"))
         return _count(Outcome("failed", type(e).__name__))
+    if read.ended is not None:
+        return _count(read.ended)
 
-    latency = time.perf_counter() - t0
-    tokens = int(usage.get("completion_tokens") or chunks)
-    if ttft is not None:
-        env.events.request.fire(request_type="METRIC", name="ttft", response_time=ttft * 1000, response_length=0,
-                                exception=None, context={"tier": tier})
+    latency = time.perf_counter() - timer.t0
+    tokens = int(read.usage.get("completion_tokens") or read.chunks)
+    if read.ttft is not None:
+        env.events.request.fire(request_type="METRIC", name="ttft", response_time=read.ttft * 1000,
+                                response_length=0, exception=None, context={"tier": tier})
         if tokens > 1:
             env.events.request.fire(request_type="METRIC", name="tpot",
-                                    response_time=(latency - ttft) / (tokens - 1) * 1000, response_length=0,
+                                    response_time=(latency - read.ttft) / (tokens - 1) * 1000, response_length=0,
                                     exception=None, context={"tier": tier})
-    fire(None, tokens)
+    timer.fire(None, tokens)
     return _count(Outcome("completed", completion_tokens=tokens))
+
+
+class _Timer:
+    """One call's clock and its Locust events."""
+
+    def __init__(self, env: Environment, tier: str, priority: str) -> None:
+        self.env, self.tier, self.priority = env, tier, priority
+        self.name = f"{tier} {priority}"
+        self.t0 = time.perf_counter()
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+    def fire(self, exc: Exception | None, tokens: int = 0) -> None:
+        self.env.events.request.fire(request_type="SSE", name=self.name, response_time=self.elapsed_ms(),
+                                     response_length=tokens, exception=exc,
+                                     context={"tier": self.tier, "priority": self.priority})
+
+    def mark(self, request_type: str, name: str, context: dict[str, str]) -> None:
+        self.env.events.request.fire(request_type=request_type, name=name, response_time=self.elapsed_ms(),
+                                     response_length=0, exception=None, context=context)
+
+
+def _refused(timer: _Timer, resp: requests.Response) -> Outcome | None:
+    """The outcome of a call answered without a stream (shed, expired, failed); None for a 200."""
+    context = {"tier": timer.tier, "priority": timer.priority}
+    if resp.status_code == 429:
+        reason = str(_error(resp).get("code") or "unknown")
+        SHEDS[reason] += 1
+        timer.mark("SHED", reason, context)
+        return Outcome("shed", reason)
+    if resp.status_code == 504:
+        timer.mark("EXPIRED", timer.tier, context)
+        return Outcome("expired", "deadline_exceeded")
+    if resp.status_code != 200:
+        err = _error(resp)
+        timer.fire(GatewayError(f"HTTP {resp.status_code} {err.get('type')}: {err.get('message')}"))
+        return Outcome("failed", f"http_{resp.status_code}")
+    return None
+
+
+class _Read:
+    """What a stream said: its usage, content chunks and first token, or how it ended early."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] = {}
+        self.chunks = 0
+        self.ttft: float | None = None
+        self.ended: Outcome | None = None  # expired or failed mid-stream; None: it completed
+
+
+def _read_stream(timer: _Timer, resp: requests.Response) -> _Read:
+    read = _Read()
+    for raw in resp.iter_lines():
+        if not raw or not raw.startswith(b"data: "):
+            continue
+        data = raw[6:]
+        if data == b"[DONE]":
+            return read
+        ev = json.loads(data)
+        if "error" in ev:
+            read.ended = _stream_error(timer, ev["error"])
+            return read
+        if ev.get("usage"):
+            read.usage = ev["usage"]
+        for ch in ev.get("choices", []):
+            if (ch.get("delta") or {}).get("content"):
+                read.chunks += 1
+                if read.ttft is None:
+                    read.ttft = time.perf_counter() - timer.t0
+    timer.fire(GatewayError("stream ended without data: [DONE]"))
+    read.ended = Outcome("failed", "truncated")
+    return read
+
+
+def _stream_error(timer: _Timer, e: dict[str, Any]) -> Outcome:
+    if e.get("type") == "deadline_exceeded":  # the deadline passed mid-stream: honoured
+        timer.mark("EXPIRED", timer.tier, {})
+        return Outcome("expired", "deadline_exceeded")
+    timer.fire(GatewayError(f"stream error {e.get('type')}: {e.get('message')}"))
+    return Outcome("failed", str(e.get("type")))
 
 
 def _error(resp: requests.Response) -> dict[str, Any]:

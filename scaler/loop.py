@@ -2,9 +2,10 @@
 
 Each tick (at least once a second) the leader ticks the budget governor once
 for the fleet (`fleet.governor.govern`: the judgement everyone else reads),
-then ticks each tier (`Scaler.tick_tier`): observe, calibrate, decide with
-`fleet.policy.decide_tier` (the function the simulator calls), act through the
-supervisor, publish.
+then ticks each tier (`Scaler.tick_tier`): observe, plan with
+`fleet.policy.plan_tier` (the function the simulator calls), act through the
+supervisor, publish. The loop is an adapter: it fills the plan's input from
+Redis and the supervisor, keeps each tier's `PlanState`, and carries out the plan.
 
 Only the holder of the lease acts; others stand by and take over when it
 stops renewing. A stopped scaler leaves its replicas serving for the next
@@ -22,7 +23,6 @@ import signal
 import socket
 import time
 import uuid
-from collections import deque
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -32,25 +32,19 @@ from fleet.config import FleetConfig
 from fleet.governor import govern
 from fleet.observe import observation_of, observed
 from fleet.policy import (
-    Calibration,
     ObservedReplica,
+    PlanInput,
+    PlanState,
     Prewarm,
     ScaleDecision,
     TierObservation,
-    active_prewarm,
-    budget_ceiling_for,
-    calibrate,
-    calibrated_capacity,
-    decide_tier,
-    gpu_ceiling,
-    initial_calibration,
     modelled_startup_s,
-    prewarm_lead_s,
+    plan_tier,
     replicas_by_version,
     scale_in_victims,
-    scaling_state,
     startup_estimate,
-    tier_has_budget,
+    with_start_timeout,
+    with_startup,
 )
 from fleet.store import scaler_state
 from fleet.store.affinity import cached_prefixes
@@ -68,8 +62,6 @@ from scaler.supervisor import ReplicaEvent, Supervisor
 
 log = logging.getLogger("fleet.scaler")
 
-MEASURED_KEPT = 5  # start-ups remembered per tier; their median is the expected start-up
-
 
 class Scaler:
     def __init__(self, cfg: FleetConfig, redis: Redis, supervisor: Supervisor, *, scaler_id: str | None = None,
@@ -83,13 +75,10 @@ class Scaler:
         self.lines = {t: Line(redis, cfg.namespace, t, result_ttl_s=cfg.result_ttl_s,
                               rate_window_s=cfg.rate_window_s) for t in cfg.tiers}
         self.leader = False
-        self.calm_since: dict[str, float | None] = {}
-        self.calm_keep: dict[str, int] = {}
-        self.measured: dict[str, deque[float]] = {t: deque(maxlen=MEASURED_KEPT) for t in cfg.tiers}
-        # Start-ups that timed out ran at least this long: until one is measured, the
-        # expected start-up is no shorter (the sim profile's may be far off a real engine's).
-        self.startup_at_least: dict[str, float] = {}
-        self.calibration: dict[str, Calibration] = {}
+        # Each tier's calibration, calm and measured start-ups, carried from tick to tick.
+        # Start-ups that timed out ran at least so long: until one is measured, the expected
+        # start-up is no shorter (the sim profile's may be far off a real engine's).
+        self.plans: dict[str, PlanState] = {t: PlanState() for t in cfg.tiers}
         self.last_written: dict[str, tuple[str, str]] = {}
         self.rollouts = Rollouts(cfg, redis, supervisor, self.id)  # the model registry's versions
 
@@ -147,10 +136,11 @@ class Scaler:
         for tier in self.cfg.tiers:
             # Resume the hold and the measured start-up where the last leader left them.
             last = await read_scaler_state(self.redis, TierKeys(self.cfg.namespace, tier), stale_after_s=None)
-            self.calm_since[tier] = last.calm_since if last else None
-            self.calm_keep[tier] = last.calm_keep if last else 0
-            if last is not None and last.startup_s is not None and not self.measured[tier]:
-                self.measured[tier].append(last.startup_s)
+            plan = dataclasses.replace(self.plans[tier], calm_since=last.calm_since if last else None,
+                                       calm_keep=last.calm_keep if last else 0)
+            if last is not None and last.startup_s is not None and not plan.startups:
+                plan = with_startup(plan, last.startup_s)
+            self.plans[tier] = plan
         for ev in await self.supervisor.restore():
             await self._event(ev)
 
@@ -159,8 +149,9 @@ class Scaler:
     def _startup(self, tier: str, heartbeats: list[Heartbeat]) -> float:
         """Launch to ready as measured here; else the engines' own cold starts; else the model
         (never below a start that timed out)."""
-        return startup_estimate(self.measured[tier], [r.cold_start_s for r in heartbeats if r.cold_start_s is not None],
-                                modelled_startup_s(self.cfg.tiers[tier]), self.startup_at_least.get(tier, 0.0))
+        plan = self.plans[tier]
+        return startup_estimate(plan.startups, [r.cold_start_s for r in heartbeats if r.cold_start_s is not None],
+                                modelled_startup_s(self.cfg.tiers[tier]), plan.startup_at_least_s)
 
     def _replicas(self, tier: str, heartbeats: list[Heartbeat], cached: dict[str, int]) -> list[ObservedReplica]:
         """The tier's replicas: what the heartbeats say, corrected by what this supervisor knows
@@ -181,20 +172,46 @@ class Scaler:
         return list(out.values())
 
     async def tick_tier(self, tier: str) -> ScaleDecision:
-        """One tick of one tier: observe, calibrate, decide, act, publish.
+        """One tick of one tier: observe, plan, act, publish.
 
-        1. Observe: the line, the heartbeats, and the supervisor's own replicas
-           (whose events, such as a death or a start timeout, are reported and
-           counted first), the budget judgement, operator pre-warms, GPU room.
-        2. Calibrate the tier's capacity on what replicas measured
-           (`fleet.policy.calibrate`) and publish it for the gateways.
-        3. Decide with `fleet.policy.decide_tier`, the function the simulator calls.
-        4. Act through the supervisor (start replicas; drain the one
+        1. Observe (`_plan_input`): the line, the heartbeats, and the supervisor's
+           own replicas (whose events, such as a death or a start timeout, are
+           reported and counted first), the budget judgement, operator pre-warms,
+           GPU room.
+        2. Plan with `fleet.policy.plan_tier`, the function the simulator calls
+           (calibrate, pre-warm floor, ceilings, decide); publish its calibration
+           for the gateways.
+        3. Act through the supervisor (start replicas; drain the one
            `fleet.policy.scale_in_victims` names), renewing the lease before each act.
-        5. Publish the decision (`fleet.store.scaler_state`) and the metrics.
+        4. Publish the decision (`fleet.store.scaler_state`) and the metrics.
         """
-        tc = self.cfg.tiers[tier]
         k = TierKeys(self.cfg.namespace, tier)
+        inp, events = await self._plan_input(tier, k)
+        plan = plan_tier(inp, self.plans[tier])
+        self.plans[tier] = plan.state
+        obs, d = inp.obs, plan.decision
+        now = obs.now
+        await publish_calibration(self.redis, k, plan.calibration, now)
+        live = await self.rollouts.live(tier)  # new replicas start at the live version
+        note = await self._execute(tier, d, obs, live)
+        if d.action in ("hold", "capped"):  # a rollout steps only while the scaler's own decision holds
+            note += await self.rollouts.step(tier, d, obs, self._lease_ok)
+        replaced = [e.replica for e in events if e.event in ("died", "start_timeout")]
+        if d.action == "scale_out" and replaced:
+            note += f"; replaces {', '.join(replaced)}"
+
+        reps = obs.replicas
+        metrics.SCALE_DECISIONS.labels(tier, d.action, d.code).inc()
+        metrics.set_replicas(tier, replicas_by_version(reps.members, live))
+        metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
+        metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
+        await self._publish(k, tier, d, note, now, plan.prewarm, plan.capacity.startup_s, reps.by_state)
+        return d
+
+    async def _plan_input(self, tier: str, k: TierKeys) -> tuple[PlanInput, list[ReplicaEvent]]:
+        """What `plan_tier` needs of one tier now, read from Redis and the supervisor (whose
+        events are reported first, and returned: a scale-out says which replicas it replaces)."""
+        tc = self.cfg.tiers[tier]
         snap = await self.lines[tier].observe()
         heartbeats = await read_heartbeats(self.redis, k, self.cfg.heartbeat_s)
         events = await self.supervisor.poll({r.id for r in heartbeats if r.state == "ready"},
@@ -209,42 +226,12 @@ class Scaler:
         budget = await read_budget_state(self.redis, k)
         cached = await cached_prefixes(self.redis, k)  # the scale-in victim: the coldest cache first
         obs = observation_of(tier, snap, self._replicas(tier, heartbeats, cached), budget,
-                             window_s=self.cfg.rate_window_s, now=now, startups_measured=self.measured[tier])
-        cal = calibrate(self.calibration.get(tier) or initial_calibration(tc), tc, obs,
-                        at_least_s=self.startup_at_least.get(tier, 0.0))
-        self.calibration[tier] = cal
-        await publish_calibration(self.redis, k, cal, now)
-        cap = calibrated_capacity(tc, cal)
+                             window_s=self.cfg.rate_window_s, now=now, startups_measured=self.plans[tier].startups)
         orders = await read_orders(self.redis, k, now, prune=True)
-        prewarm = active_prewarm(tc.prewarm, orders, now, prewarm_lead_s(cap.startup_s, self.tick_s),
-                                 tc.budget.timezone)
-        reps = obs.replicas
-        have = reps.ready + reps.starting
         # Room left beside every replica holding GPUs; draining ones are booked too, and
-        # the policy subtracts them from the ceiling itself, so they count in it here.
+        # the policy subtracts them from the ceiling itself, so they count in it.
         room = self.supervisor.placement.room(tc.gpus_per_replica, tc.gpu_memory_gb)
-        state = scaling_state(
-            obs, cap, prewarm_floor=prewarm.floor,
-            budget_ceiling=budget_ceiling_for(obs.budget.ceiling if obs.budget else None, obs.budget is not None,
-                                              tier_has_budget(tc), have),
-            gpu_ceiling=gpu_ceiling(have, reps.draining, room), calm_since=self.calm_since.get(tier),
-            calm_keep=self.calm_keep.get(tier, 0))
-        d = decide_tier(state, tc, now)
-        self.calm_since[tier], self.calm_keep[tier] = d.calm_since, d.calm_keep
-        live = await self.rollouts.live(tier)  # new replicas start at the live version
-        note = await self._execute(tier, d, obs, live)
-        if d.action in ("hold", "capped"):  # a rollout steps only while the scaler's own decision holds
-            note += await self.rollouts.step(tier, d, obs, self._lease_ok)
-        replaced = [e.replica for e in events if e.event in ("died", "start_timeout")]
-        if d.action == "scale_out" and replaced:
-            note += f"; replaces {', '.join(replaced)}"
-
-        metrics.SCALE_DECISIONS.labels(tier, d.action, d.code).inc()
-        metrics.set_replicas(tier, replicas_by_version(reps.members, live))
-        metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
-        metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
-        await self._publish(k, tier, d, note, now, prewarm, cap.startup_s, reps.by_state)
-        return d
+        return PlanInput(obs, tc, self.tick_s, orders, room), events
 
     async def _lease_ok(self) -> bool:
         """Renew the lease before acting: a launch can block for seconds, and a scaler that
@@ -314,9 +301,9 @@ class Scaler:
         k = TierKeys(self.cfg.namespace, ev.tier)
         metrics.REPLICA_EVENTS.labels(ev.tier, ev.event).inc()
         if ev.startup_s is not None:
-            self.measured[ev.tier].append(ev.startup_s)
+            self.plans[ev.tier] = with_startup(self.plans.get(ev.tier, PlanState()), ev.startup_s)
         if ev.at_least_s is not None:
-            self.startup_at_least[ev.tier] = max(self.startup_at_least.get(ev.tier, 0.0), ev.at_least_s)
+            self.plans[ev.tier] = with_start_timeout(self.plans.get(ev.tier, PlanState()), ev.at_least_s)
         if ev.event in ("launch_failed", "tick_failed"):
             await scaler_state.count(self.redis, k, "launch_failures" if ev.event == "launch_failed"
                                      else "tick_failures")

@@ -5,7 +5,8 @@ imported lazily: a laptop or CI has no driver), else from the config's `gpus:`
 list. Each tier declares `gpus_per_replica` and `gpu_memory_gb` (memory needed
 on EACH of those GPUs). The supervisor books memory per replica here and
 frees it when the replica is gone, so placement never oversubscribes a GPU
-whatever the engines do with their memory at the moment.
+whatever the engines do with their memory at the moment. The fitting itself is
+the policy's (`fleet.policy.gpu_room`), which the simulator books with too.
 
 No inventory at all (no NVML, empty `gpus:`) means nothing to place on: the
 replicas run without GPUs (the `sim` engine), with no GPU limit.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleet.config import GpuInventory
+from fleet.policy.gpu_room import best_fit, room_for
 
 log = logging.getLogger("fleet.scaler.placement")
 
@@ -76,20 +78,11 @@ class Placement:
                     free[i] -= gb
         return free
 
-    @staticmethod
-    def _fit(free: dict[int, float], n: int, gb: float) -> tuple[int, ...] | None:
-        # Best fit: the fullest GPUs that still hold the replica, so large holes stay
-        # free for large replicas (a planner needs two GPUs with 70 GB each).
-        fits = sorted((f, i) for i, f in free.items() if f + 1e-9 >= gb)
-        if len(fits) < n:
-            return None
-        return tuple(sorted(i for _, i in fits[:n]))
-
     def place(self, replica_id: str, gpus_per_replica: int, gb: float) -> tuple[int, ...] | None:
         """Book GPUs for a replica; () when no GPU is needed or known; None when nothing fits."""
         if not self.constrained(gpus_per_replica):
             return ()
-        chosen = self._fit(self.free_gb(), gpus_per_replica, gb)
+        chosen = best_fit(self.free_gb(), gpus_per_replica, gb)
         if chosen is not None:
             self.booked[replica_id] = (chosen, gb)
         return chosen
@@ -106,12 +99,7 @@ class Placement:
         """How many more replicas of this shape fit now; None when unconstrained."""
         if not self.constrained(gpus_per_replica):
             return None
-        free, n = self.free_gb(), 0
-        while n < limit and (chosen := self._fit(free, gpus_per_replica, gb)) is not None:
-            for i in chosen:
-                free[i] -= gb
-            n += 1
-        return n
+        return room_for(self.free_gb(), gpus_per_replica, gb, limit)
 
 
 def cuda_visible_devices(gpus: Sequence[int]) -> str:

@@ -174,13 +174,9 @@ class Supervisor:
                 self.last_beat[rec.id] = now
             self.last_beat.setdefault(rec.id, now)  # first seen (started, adopted): its beats are still due
             if not self.backend.alive(rec):
-                self.backend.cleanup(rec)
-                await self._remove(rec)
-                code = f"exit {rec.exit_code}" if rec.exit_code is not None else "exited"
-                if rec.state in ("draining", "parked"):
-                    events.append(ReplicaEvent(rec.tier, rec.id, "drained", f"drained and left ({code})"))
-                elif rec.state != "stopping":  # a stopped one was reported when it was stopped
-                    events.append(ReplicaEvent(rec.tier, rec.id, "died", f"died while {rec.state} ({code})"))
+                gone = await self._left(rec)
+                if gone is not None:
+                    events.append(gone)
                 continue
             if rec.state == "parked" and now - (rec.parked_at or now) > self.cfg.tiers[rec.tier].rollout.warm_grace_s:
                 await self.drain(rec.id)  # the warm grace is over: a rollback now starts afresh
@@ -194,25 +190,10 @@ class Supervisor:
                                            f"still draining after {self.drain_grace_s:g} s; killed (its leases "
                                            "expire and the line requeues what it held)"))
             elif rec.state == "starting":
-                if rec.id in ready_ids:
-                    rec.state, rec.ready_at = "ready", now
-                    await self._save(rec)
-                    took = now - rec.launched
-                    self.start_timeouts[rec.tier] = 0
-                    events.append(ReplicaEvent(rec.tier, rec.id, "ready", f"ready after {took:.1f} s", took))
-                else:
-                    loading = beating_ids is not None and rec.id in beating_ids
-                    limit = start_timeout_s(startup_s, self.start_timeouts.get(rec.tier, 0), beating=loading)
-                    took = now - rec.launched
-                    if took > limit:
-                        self.backend.kill(rec)
-                        rec.state = "stopping"
-                        await self._save(rec)
-                        # The next start of this tier gets twice as long: the expected
-                        # start-up may be the sim model's, not this engine's.
-                        self.start_timeouts[rec.tier] = self.start_timeouts.get(rec.tier, 0) + 1
-                        events.append(ReplicaEvent(rec.tier, rec.id, "start_timeout",
-                                                   f"not ready after {limit:.0f} s; stopped", at_least_s=took))
+                started = await self._check_start(rec, now, rec.id in ready_ids, startup_s,
+                                                  loading=beating_ids is not None and rec.id in beating_ids)
+                if started is not None:
+                    events.append(started)
             elif (rec.state == "ready" and beating_ids is not None and rec.id not in beating_ids
                   and wedged(self.last_beat[rec.id], now, self.cfg.heartbeat_s)):
                 # Alive to the backend but silent: wedged. It must not count as ready for
@@ -223,6 +204,40 @@ class Supervisor:
                 events.append(ReplicaEvent(rec.tier, rec.id, "died", f"no heartbeat for "
                                            f"{now - self.last_beat[rec.id]:.0f} s while ready; killed"))
         return events
+
+    async def _left(self, rec: Supervised) -> ReplicaEvent | None:
+        """A replica the backend says is gone: forget it; `drained` or `died` (None for one
+        that was stopped: it was reported then)."""
+        self.backend.cleanup(rec)
+        await self._remove(rec)
+        code = f"exit {rec.exit_code}" if rec.exit_code is not None else "exited"
+        if rec.state in ("draining", "parked"):
+            return ReplicaEvent(rec.tier, rec.id, "drained", f"drained and left ({code})")
+        if rec.state != "stopping":
+            return ReplicaEvent(rec.tier, rec.id, "died", f"died while {rec.state} ({code})")
+        return None
+
+    async def _check_start(self, rec: Supervised, now: float, ready: bool, startup_s: float, *,
+                           loading: bool) -> ReplicaEvent | None:
+        """A starting replica: `ready` once its heartbeat says so (with its measured start-up),
+        `start_timeout` (stopped) once it took longer than `start_timeout_s` allows."""
+        took = now - rec.launched
+        if ready:
+            rec.state, rec.ready_at = "ready", now
+            await self._save(rec)
+            self.start_timeouts[rec.tier] = 0
+            return ReplicaEvent(rec.tier, rec.id, "ready", f"ready after {took:.1f} s", took)
+        limit = start_timeout_s(startup_s, self.start_timeouts.get(rec.tier, 0), beating=loading)
+        if took <= limit:
+            return None
+        self.backend.kill(rec)
+        rec.state = "stopping"
+        await self._save(rec)
+        # The next start of this tier gets twice as long: the expected
+        # start-up may be the sim model's, not this engine's.
+        self.start_timeouts[rec.tier] = self.start_timeouts.get(rec.tier, 0) + 1
+        return ReplicaEvent(rec.tier, rec.id, "start_timeout", f"not ready after {limit:.0f} s; stopped",
+                            at_least_s=took)
 
     async def _remove(self, rec: Supervised) -> None:
         self.records.pop(rec.id, None)

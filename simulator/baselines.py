@@ -63,7 +63,7 @@ class Static(SimPolicy):
         for tier, tc in sc.cfg.tiers.items():
             self.size[tier] = _clamp(tc, replicas_for(peak_arrival_rate(sc, tier), tier_capacity(tc).per_replica_rate))
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
         n = self.size[obs.tier]
         have = obs.replicas.ready + obs.replicas.starting
         if n > have:
@@ -85,7 +85,7 @@ class _Stabilised(SimPolicy, ABC):
     def recommend(self, obs: TierObservation, tc: TierConfig, have: int) -> tuple[int, str]:
         """Replicas this baseline wants now, and why (each baseline its own rule)."""
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
         """At each sync: scale up at once to the recommendation; down only to the highest
         recommendation of the stabilisation window, never while a replica starts."""
         reps = obs.replicas
@@ -157,7 +157,7 @@ class Ray(SimPolicy):
         self.up_since: dict[str, float | None] = {}
         self.down_since: dict[str, float | None] = {}
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
         """Ray Serve's rule: ongoing requests averaged over the look-back, over the target per
         replica, acted on only after the up- or down-scale delay has held."""
         name, now, reps = obs.tier, obs.now, obs.replicas

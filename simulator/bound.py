@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from fleet.policy.prewarm import scheduled_spans
 from fleet.replica_model import cold_start_s, prefill_s, service_s
-from simulator.arrivals import Trace
+from simulator.arrivals import ChainArrival, Trace
 from simulator.scenario import Scenario
 
 
@@ -76,23 +76,30 @@ def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0) -> dict[st
         if ch.cls > max_class:
             continue
         lens = [[shortest(c.tier, c.prompt, c.output) for c in stage] for stage in ch.stages]
-        # tail[k][i]: the longest chain of shortest services below call i of stage k.
-        tail: list[list[float]] = [[0.0] * len(s) for s in ch.stages]
-        for k in range(len(ch.stages) - 2, -1, -1):
-            f = ch.fanouts[k + 1]
-            for i in range(len(ch.stages[k])):
-                tail[k][i] = max(lens[k + 1][j] + tail[k + 1][j] for j in range(i * f, (i + 1) * f))
-        head: list[list[float]] = [[ch.t] * len(s) for s in ch.stages]
-        for k in range(1, len(ch.stages)):
-            f = ch.fanouts[k]
-            for j in range(len(ch.stages[k])):
-                parent = j // f
-                head[k][j] = head[k - 1][parent] + lens[k - 1][parent]
+        head, tail = _chain_slack(ch, lens)
         deadline = ch.t + ch.deadline_s
         for k, stage in enumerate(ch.stages):
             for i, c in enumerate(stage):
                 out[c.tier].append(window(c.tier, head[k][i], deadline - tail[k][i], c.prompt, c.output, lens[k][i]))
     return out
+
+
+def _chain_slack(ch: ChainArrival, lens: list[list[float]]) -> tuple[list[list[float]], list[list[float]]]:
+    """For each call of a chain (stage k, call i), given each call's shortest service `lens`:
+    head[k][i], the earliest it can start (its ancestors back to back from the chain's
+    arrival), and tail[k][i], the longest line of shortest services below it."""
+    tail: list[list[float]] = [[0.0] * len(s) for s in ch.stages]
+    for k in range(len(ch.stages) - 2, -1, -1):
+        f = ch.fanouts[k + 1]
+        for i in range(len(ch.stages[k])):
+            tail[k][i] = max(lens[k + 1][j] + tail[k + 1][j] for j in range(i * f, (i + 1) * f))
+    head: list[list[float]] = [[ch.t] * len(s) for s in ch.stages]
+    for k in range(1, len(ch.stages)):
+        f = ch.fanouts[k]
+        for j in range(len(ch.stages[k])):
+            parent = j // f
+            head[k][j] = head[k - 1][parent] + lens[k - 1][parent]
+    return head, tail
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -30,6 +30,7 @@ from fleet.policy import TierObservation, arrival_rate, drain_s, rate
 from fleet.policy.fairness import fair_line
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
+from simulator.gpus import SimGpus
 from simulator.line import FlowShares
 from simulator.policies import SimPolicy
 from simulator.results import Sample, SimResult, TimelineEntry
@@ -56,7 +57,7 @@ class Simulator:
                                     self.cfg.fair_line if (fairness or tc.fairness) == "fair" else None, shares)
                       for name, tc in self.cfg.tiers.items()}
         self.chain_times: list[float] = []  # arrival to last call's end, of each chain completed
-        self.serving = Serving(self.events, self, shares)
+        self.serving = Serving(self.events, self, SimGpus(self.cfg.gpus), shares)
         self.decisions: list[TimelineEntry] = []
         self.samples: dict[str, list[Sample]] = {n: [] for n in self.tiers}
         self.chains: dict[str, dict[str, int]] = {}
@@ -158,7 +159,7 @@ class Simulator:
             tier.trim(self.t)
             govern(self.sc, tier, self.t, self.tick_s, tier.cold_start)
             obs = self.observe(tier)
-            act = self.policy.scale(obs, tier.tc)
+            act = self.policy.scale(obs, tier.tc, gpu_room=self.serving.gpus.room(tier.tc))
             if act.delta > 0:
                 for _ in range(act.delta):
                     self.serving.start_replica(tier)
@@ -208,10 +209,7 @@ class Simulator:
     def _run(self) -> SimResult:
         """The event loop: the next event or the next arrival, whichever comes first."""
         wall0 = time.perf_counter()
-        for tier in self.tiers.values():
-            for _ in range(self.policy.initial_replicas(tier.tc)):
-                self.serving.start_replica(tier, ready=True)
-            tier.initial_usd_per_s = tier.alive() * tier.tc.hourly_usd / 3600
+        self._start_fleet()
         self.events.push(0.0, TICK, None)
         arrivals = self.trace.events()
         ai, n_arr = 0, len(arrivals)
@@ -250,12 +248,22 @@ class Simulator:
                     self.start_chain(x)
             else:
                 break
+        return self._result(end, time.perf_counter() - wall0, events)
+
+    def _start_fleet(self) -> None:
+        """Each tier's replicas at the start, ready (the policy says how many)."""
+        for tier in self.tiers.values():
+            for _ in range(self.policy.initial_replicas(tier.tc)):
+                self.serving.start_replica(tier, ready=True)
+            tier.initial_usd_per_s = tier.alive() * tier.tc.hourly_usd / 3600
+
+    def _result(self, end: float, wall_s: float, events: int) -> SimResult:
         # The bill runs until the last accepted call has ended (at least to the replay's end).
         self.events.t = last = max(end, self.events.t)
         for tier in self.tiers.values():
             tier.account(last)
         return SimResult(self.policy.name, self.sc, self.tiers, self.decisions, self.samples, self.chains,
                          self.chains_by_class, budget_report(self.sc, self.tiers, self.tick_s),
-                         wall_s=time.perf_counter() - wall0, events=events, ended_s=last,
+                         wall_s=wall_s, events=events, ended_s=last,
                          chain_times=self.chain_times, key_waits=self.serving.key_waits, jain=self.serving.shares.index,
                          fairness=self.fairness)

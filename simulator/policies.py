@@ -9,9 +9,10 @@ and the tier's config; it never sees the simulator itself:
   of a policy that `sheds`);
 - what a tier should do at a scaler tick (`scale`).
 
-`OurPolicy` answers them with `fleet.policy` itself: `judge_admission`,
-`calibrate`, `active_prewarm`, `scaling_state` and `decide_tier`, the same
-calls the gateway and the scaler make. Nothing of the policy is copied here.
+`OurPolicy` answers them with `fleet.policy` itself: `judge_admission` (as the
+gateway calls it) and `plan_tier` (as the scaler calls it). It is an adapter:
+it fills their inputs from the replay and keeps each tier's `PlanState`.
+Nothing of the policy is copied here.
 The baselines (`simulator.baselines`) answer the same questions the way other
 autoscalers do.
 """
@@ -22,19 +23,15 @@ from dataclasses import dataclass
 
 from fleet.config import Priority, TierConfig
 from fleet.policy import (
-    Calibration,
+    AdmissionInput,
+    PlanInput,
+    PlanState,
+    PrewarmOrder,
     TierCapacity,
     TierObservation,
-    active_prewarm,
-    budget_ceiling_for,
-    calibrate,
     calibrated_capacity,
-    decide_tier,
-    initial_calibration,
     judge_admission,
-    prewarm_lead_s,
-    scaling_state,
-    tier_has_budget,
+    plan_tier,
 )
 from simulator.scenario import Scenario
 
@@ -70,11 +67,18 @@ class SimPolicy:
               deadline_s: float) -> str | None:
         return None
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
+        """`gpu_room`: more replicas of the tier the replay's free GPUs hold (None: no limit);
+        a start beyond it does not happen, whatever the policy asks."""
         return Action("hold", 0, "hold", "hold")
 
 
 _PRIORITIES = tuple(Priority)
+
+# What the replay has that the live scaler reads from Redis: a scenario carries no
+# operator pre-warm orders (`fleet prewarm`); its scheduled windows are in the tier
+# config, which the plan reads. Its GPU room is its own (`simulator.gpus`).
+NO_ORDERS: tuple[PrewarmOrder, ...] = ()
 
 
 class OurPolicy(SimPolicy):
@@ -85,9 +89,7 @@ class OurPolicy(SimPolicy):
 
     def __init__(self) -> None:
         self.tick_s = 1.0
-        self.calm_since: dict[str, float | None] = {}
-        self.calm_keep: dict[str, int] = {}
-        self.calibration: dict[str, Calibration] = {}
+        self.plans: dict[str, PlanState] = {}  # each tier's calibration and calm, tick to tick
         self.capacity: dict[str, TierCapacity] = {}  # as the scaler last published it, for admission
 
     def prepare(self, sc: Scenario) -> None:
@@ -104,24 +106,16 @@ class OurPolicy(SimPolicy):
         """As the gateway's tier decision: the same observation, the same capacity, the same
         output-length estimate (the call's true length is not known before it runs)."""
         cap = self._capacity(obs.tier, tc)
-        d = judge_admission(obs, cap, priority, prompt_tokens=prompt_tokens, output_tokens=cap.output_estimate(None),
-                            wait_limit_s=tc.wait_limit(priority), deadline_s=deadline_s,
-                            max_replicas=tc.max_replicas)
+        d = judge_admission(AdmissionInput.for_tier(obs, cap, tc, priority, prompt_tokens=prompt_tokens,
+                                                    output_tokens=cap.output_estimate(None), deadline_s=deadline_s))
         return None if d.admitted else d.reason
 
-    def scale(self, obs: TierObservation, tc: TierConfig) -> Action:
-        """As the live scaler's tick (`scaler.loop.Scaler.tick_tier`): calibrate, then decide."""
-        tier = obs.tier
-        cal = calibrate(self.calibration.get(tier) or initial_calibration(tc), tc, obs)
-        self.calibration[tier] = cal
-        cap = self.capacity[tier] = calibrated_capacity(tc, cal)
-        pw = active_prewarm(tc.prewarm, [], obs.now, prewarm_lead_s(cap.startup_s, self.tick_s), tc.budget.timezone)
-        reps = obs.replicas
-        b = obs.budget
-        state = scaling_state(obs, cap, prewarm_floor=pw.floor,
-                              budget_ceiling=budget_ceiling_for(b.ceiling if b else None, b is not None,
-                                                                tier_has_budget(tc), reps.ready + reps.starting),
-                              calm_since=self.calm_since.get(tier), calm_keep=self.calm_keep.get(tier, 0))
-        d = decide_tier(state, tc, obs.now)
-        self.calm_since[tier], self.calm_keep[tier] = d.calm_since, d.calm_keep
+    def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
+        """As the live scaler's tick (`scaler.loop.Scaler.tick_tier`): `plan_tier` on what the
+        replay observed; the calibrated capacity is kept for admission, as the scaler publishes it."""
+        plan = plan_tier(PlanInput(obs, tc, self.tick_s, NO_ORDERS, gpu_room),
+                         self.plans.get(obs.tier, PlanState()))
+        self.plans[obs.tier] = plan.state
+        self.capacity[obs.tier] = plan.capacity
+        d = plan.decision
         return Action(d.action, d.delta, d.reason, d.code, d.floor, d.ceiling)

@@ -27,6 +27,7 @@ from typing import Protocol
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
 from fleet.replica_model import ReplicaModel, prefill_s
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
+from simulator.gpus import SimGpus
 from simulator.line import FlowShares
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
 
@@ -46,21 +47,29 @@ def prefix_of(req: Req) -> object | None:
 
 
 class Serving:
-    def __init__(self, events: EventQueue, ends: CallEnds, shares: FlowShares | None = None) -> None:
+    def __init__(self, events: EventQueue, ends: CallEnds, gpus: SimGpus | None = None,
+                 shares: FlowShares | None = None) -> None:
         self.events = events
         self.ends = ends
-        self.calls_on: dict[str, set[Req]] = {}  # replica id -> the calls it runs (preemption's candidates)
+        self.gpus = gpus or SimGpus(())  # where the replicas are booked (none: no GPU limit)
+        # replica id -> the calls it runs (preemption's candidates), in the order they started: a
+        # dict, not a set, so a tie among candidates goes the same way in every run (a set of
+        # calls iterates in memory-address order, which changed the replay from run to run).
+        self.calls_on: dict[str, dict[Req, None]] = {}
         self.shares = shares or FlowShares(events)  # Jain's index over backlogged flows (`fleet simulate --compare`)
         self.key_waits: dict[str, list[float]] = {}  # "key:<name>" flow -> waits in line of its completed calls
 
     # --- replicas ---------------------------------------------------------------
 
-    def start_replica(self, tier: TierSim, ready: bool = False) -> SimReplica:
+    def start_replica(self, tier: TierSim, ready: bool = False) -> SimReplica | None:
+        """Start a replica (None when its GPUs fit nowhere: live, the supervisor starts none)."""
         t = self.events.t
+        rid = f"{tier.name}-{tier.seq + 1}"
+        if not self.gpus.place(rid, tier.tc):
+            return None
         tier.account(t)
         tier.seq += 1
-        r = SimReplica(f"{tier.name}-{tier.seq}", ReplicaModel(tier.profile), t,
-                       t + (0.0 if ready else tier.cold_start), ready)
+        r = SimReplica(rid, ReplicaModel(tier.profile), t, t + (0.0 if ready else tier.cold_start), ready)
         tier.replicas.append(r)
         if ready:
             tier.n_ready += 1
@@ -109,6 +118,7 @@ class Serving:
         r.state = "stopped"
         r.stopped = self.events.t
         tier.replicas.remove(r)
+        self.gpus.release(r.id)
         tier.lifecycle_changed()
 
     # --- calls ------------------------------------------------------------------
@@ -190,7 +200,7 @@ class Serving:
         r.running += 1
         r.model.reserve(req.kv)
         tier.in_flight += 1
-        self.calls_on.setdefault(r.id, set()).add(req)
+        self.calls_on.setdefault(r.id, {})[req] = None
         # Its prefill computes what the replica has not cached of its prompt (`fleet.replica_model.PrefixCache`).
         key = prefix_of(req)
         computed = r.model.prefixes.uncached_tokens(key, req.call.prompt)
@@ -324,7 +334,7 @@ class Serving:
         r.running -= 1
         r.model.free(v.kv)
         tier.in_flight -= 1
-        self.calls_on[r.id].discard(v)
+        self.calls_on[r.id].pop(v, None)
         v.seq = v.replica = None
         v.state = QUEUED
         v.preempted += 1
@@ -336,7 +346,7 @@ class Serving:
     def _release(self, tier: TierSim, req: Req) -> None:
         r = req.replica
         assert r is not None
-        self.calls_on.get(r.id, set()).discard(req)
+        self.calls_on.get(r.id, {}).pop(req, None)
         r.running -= 1
         r.model.free(req.kv)
         tier.in_flight -= 1

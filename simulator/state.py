@@ -13,7 +13,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fleet.config import CLASSES, FairLine, TierConfig
-from fleet.policy import BudgetSignal, BudgetView, ObservedReplica, Replicas, TierObservation, calibrated_capacity
+from fleet.policy import (
+    BudgetView,
+    ObservedReplica,
+    Replicas,
+    TierObservation,
+    budget_signal,
+    calibrated_capacity,
+    observe_tier,
+)
 from fleet.policy.fairness import call_cost
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
 from simulator.arrivals import Call, ChainArrival
@@ -249,11 +257,8 @@ class TierSim:
         w = self.window_s
         oldest = self.oldest_wait(t)
         busy = min(oldest, w) if self.waiting else 0.0
-        v = self.budget_view
-        return TierObservation(
-            tier=self.name, now=self.start_epoch + t, window_s=w, line=tuple(self.by_class),  # type: ignore[arg-type]
-            oldest_wait_s=oldest, in_flight=self.in_flight,
+        return observe_tier(
+            self.name, self.start_epoch + t, w, line=self.by_class, oldest_wait_s=oldest, in_flight=self.in_flight,
             arrivals_in_window=self.arrivals_since(t - w), completions_in_window=self.completions_since(t - w),
             busy_s=busy, completions_while_busy=self.completions_since(t - busy) if busy > 0 else 0,
-            replicas=self._observed() if fresh else self.replicas_seen(),
-            budget=None if v is None else BudgetSignal(v.exhausted, v.retry_at, v.ceiling))
+            replicas=self._observed() if fresh else self.replicas_seen(), budget=budget_signal(self.budget_view))

@@ -46,9 +46,12 @@ FINGERPRINT = "fp_scripted"
 class Upstream:
     """The server's state: the requests it saw (raw bytes, parsed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_delay_s: float = 0.0) -> None:
         self.seen: list[tuple[bytes, dict[str, Any]]] = []
         self.port = 0
+        # Between streamed tokens: 0 streams as fast as it can; more leaves a test time to
+        # abort a call mid-stream, as a model's decode steps would.
+        self.token_delay_s = token_delay_s
 
     @property
     def base_url(self) -> str:
@@ -81,8 +84,8 @@ class Upstream:
                           "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
                           "usage": usage})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_stream(rid, message, finish, logprobs, usage if include_usage else None),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_stream(rid, message, finish, logprobs, usage if include_usage else None,
+                                         self.token_delay_s), media_type="text/event-stream")
 
 
 def answer(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -150,7 +153,7 @@ def _logprob(token: str) -> dict[str, Any]:
 
 
 async def _stream(rid: str, message: dict[str, Any], finish: str, logprobs: dict[str, Any] | None,
-                  usage: dict[str, Any] | None) -> AsyncIterator[bytes]:
+                  usage: dict[str, Any] | None, token_delay_s: float = 0.0) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, Any], lp: Any = None, fin: str | None = None, **extra: Any) -> bytes:
         c = {"id": rid, "object": "chat.completion.chunk", "created": 1, "model": MODEL,
              "system_fingerprint": FINGERPRINT, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
@@ -165,12 +168,12 @@ async def _stream(rid: str, message: dict[str, Any], finish: str, logprobs: dict
             args = call["function"]["arguments"]
             for j in range(0, len(args), 5):  # arguments in fragments, as OpenAI streams them
                 yield chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j:j + 5]}}]})
-                await asyncio.sleep(0)
+                await asyncio.sleep(token_delay_s)
     else:
         for k, tok in enumerate(_tokens(message)):
             lp = {"content": [logprobs["content"][k]], "refusal": None} if logprobs else None
             yield chunk({"content": tok}, lp)
-            await asyncio.sleep(0)
+            await asyncio.sleep(token_delay_s)
     yield chunk({}, None, finish)
     if usage is not None:
         yield b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "created": 1, "model": MODEL,
@@ -206,9 +209,9 @@ def agent_fleet(redis_url: str, out: Path) -> Iterator[tuple[Fleet, Upstream]]:
 
 
 @contextmanager
-def running() -> Iterator[Upstream]:
+def running(token_delay_s: float = 0.0) -> Iterator[Upstream]:
     """The scripted upstream on a free loopback port, in a thread of this process."""
-    up = Upstream()
+    up = Upstream(token_delay_s)
     up.port = free_port()
     server = uvicorn.Server(uvicorn.Config(up.app(), host="127.0.0.1", port=up.port, log_level="warning",
                                            lifespan="off"))

@@ -10,8 +10,12 @@ structure, never on text.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 VOCAB_SIZE = 512
@@ -190,6 +194,39 @@ def _build_model(dest: Path, vocab_size: int, pad_id: int, bos_id: int, eos_ids:
     model.save_pretrained(str(dest), safe_serialization=True)
     # A chat turn ends at <|im_end|> as well as at </s>.
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_ids, pad_token_id=pad_id).save_pretrained(str(dest))
+
+
+@contextmanager
+def vllm_environment(root: Path) -> Iterator[dict[str, str]]:
+    """What vLLM on this model runs in: private temp and cache dirs under `root`, loopback,
+    offline, no usage stats; the process's environment restored afterwards."""
+    env = {
+        "TMPDIR": str(root / "tmp"),
+        "VLLM_CACHE_ROOT": str(root / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "VLLM_HOST_IP": "127.0.0.1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+    }
+    for key in ("TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in [*env, "VLLM_CPU_KVCACHE_SPACE"]}
+    saved_tempdir = tempfile.tempdir
+    os.environ.update(env)
+    # kv_cache_memory_bytes sets the budget; this variable would override it.
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    tempfile.tempdir = env["TMPDIR"]
+    try:
+        yield env
+    finally:
+        tempfile.tempdir = saved_tempdir
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def build_tiny_model(dest: Path, *, hidden: int = 64, layers: int = 2, max_positions: int = 2048) -> Path:

@@ -8,14 +8,18 @@ ceiling itself. The modules, each importing only those above it:
 
 - `capacity`: the autoscaling exercise's functions and the meters;
 - `tier_capacity`: what one replica is assumed to do (`capacity:` profile);
-- `replicas`: replicas by state, and which one leaves on a scale-in;
+- `replicas`: replicas by state, which one leaves on a scale-in, and their
+  health (the start timeout, a wedged replica);
 - `admission`: join the line or be refused, and the service forecast;
 - `scaling`: the tier decision (scale out, in, hold, capped, with its reason),
   the ceilings and their fail-safes;
 - `prewarm`: the pre-warm floor in force;
-- `observation`: `TierObservation` and the builders (rates, drain time, the
-  admission forecast and decision, the scaling state);
+- `observation`: `TierObservation`, its one builder (`observe_tier`) and the
+  derived inputs (rates, drain time, the admission forecast and decision, the
+  scaling state);
 - `calibration`: capacity expected vs seen (start-up, throughput);
+- `plan`: one tier's tick whole (`plan_tier`: calibrate, pre-warm, ceilings,
+  decide), the function the scaler and the simulator are adapters around;
 - `tier_budget`: the tier budget governor's math (windows, projected spend,
   the budget ceiling, exhausted or not, token burn, cost per useful token);
 - `key_budget`: what a call costs an API key;
@@ -53,20 +57,24 @@ from fleet.policy.capacity import (
     startup_seconds,
 )
 from fleet.policy.observation import (
+    AdmissionInput,
     BudgetSignal,
     TierObservation,
     admission_forecast,
     ahead_of,
     arrival_rate,
+    budget_signal,
     drain_s,
     judge_admission,
+    observe_tier,
     scaling_state,
     service_rate,
     waiting,
 )
+from fleet.policy.plan import PlanInput, PlanState, TierPlan, plan_tier, with_start_timeout, with_startup
 from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
-from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims
+from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims, start_timeout_s, wedged
 from fleet.policy.rollout import (
     Outcome,
     RolloutStep,
@@ -88,8 +96,6 @@ from fleet.policy.scaling import (
     gpu_ceiling,
     line_need,
     rate_with_margin,
-    start_timeout_s,
-    wedged,
 )
 from fleet.policy.tier_budget import (
     BudgetObservation,
@@ -113,12 +119,15 @@ from fleet.policy.tier_capacity import (
 
 __all__ = [
     "AdmissionDecision",
+    "AdmissionInput",
     "BudgetObservation",
     "BudgetSignal",
     "BudgetView",
     "Calibration",
     "ObservedReplica",
     "Outcome",
+    "PlanInput",
+    "PlanState",
     "Prewarm",
     "PrewarmOrder",
     "Replicas",
@@ -128,6 +137,7 @@ __all__ = [
     "ServiceForecast",
     "TierCapacity",
     "TierObservation",
+    "TierPlan",
     "TierState",
     "Verdict",
     "VersionStats",
@@ -141,6 +151,7 @@ __all__ = [
     "backlog_during_startup",
     "budget_ceiling",
     "budget_ceiling_for",
+    "budget_signal",
     "calibrate",
     "calibrated_capacity",
     "ceiling_of",
@@ -162,7 +173,9 @@ __all__ = [
     "line_need",
     "littles_law",
     "modelled_startup_s",
+    "observe_tier",
     "p99",
+    "plan_tier",
     "predicted_wait_s",
     "prewarm_lead_s",
     "projected_spend",
@@ -189,4 +202,6 @@ __all__ = [
     "wait_with_ceiling_s",
     "waiting",
     "wedged",
+    "with_start_timeout",
+    "with_startup",
 ]

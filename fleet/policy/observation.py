@@ -6,16 +6,19 @@ spell), the replicas by state with their slots (and their engines' measured
 start-ups), the start-ups measured from launch to ready, and the budget
 judgement.
 The live readers build it from Redis (`fleet.observe`, the gateway's
-admission), the simulator from its own state; then everyone derives rates,
+admission), the simulator from its own state, all through `observe_tier`
+(the one builder: what a reader leaves out is zero, and the busy spell is
+never longer than the window); then everyone derives rates,
 drain time, the admission forecast and the scaling state here, and nowhere
 else. Pure; no I/O, no clock: `now` is in the observation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fleet.config import Priority
+from fleet.config import Priority, TierConfig
 from fleet.policy.admission import (
     AdmissionDecision,
     ServiceForecast,
@@ -24,8 +27,9 @@ from fleet.policy.admission import (
     wait_with_ceiling_s,
 )
 from fleet.policy.capacity import rate, seconds_to_drain
-from fleet.policy.replicas import NO_REPLICAS, Replicas
+from fleet.policy.replicas import NO_REPLICAS, ObservedReplica, Replicas
 from fleet.policy.scaling import TierState
+from fleet.policy.tier_budget import BudgetView
 from fleet.policy.tier_capacity import TierCapacity
 
 
@@ -55,6 +59,31 @@ class TierObservation:
     replicas: Replicas = NO_REPLICAS
     startups_measured: tuple[float, ...] = ()  # launch to ready, as the supervisor measured it (newest last)
     budget: BudgetSignal | None = None  # None: no judgement published (not judged)
+
+
+def budget_signal(view: BudgetView | None) -> BudgetSignal | None:
+    """The governor's judgement as the policy reads it (None: none published, not judged)."""
+    return None if view is None else BudgetSignal(view.exhausted, view.retry_at, view.ceiling)
+
+
+def observe_tier(tier: str, now: float, window_s: float, *, line: Sequence[int] = (0, 0, 0, 0),
+                 oldest_wait_s: float = 0.0, in_flight: int = 0, arrivals_in_window: int = 0,
+                 completions_in_window: int = 0, busy_s: float = 0.0, completions_while_busy: int = 0,
+                 replicas: Replicas | Iterable[ObservedReplica] = NO_REPLICAS,
+                 startups_measured: Iterable[float] = (), budget: BudgetSignal | None = None) -> TierObservation:
+    """The one builder of a `TierObservation`, for every reader (Redis, the gateway's one
+    round trip, the replay): counts a reader has no figure for are zero, the busy spell is
+    cut to the window, and the replicas are counted by state once."""
+    by_class = tuple(line)
+    if len(by_class) != 4:
+        raise ValueError(f"the line has four classes, got {len(by_class)}")
+    return TierObservation(
+        tier=tier, now=now, window_s=window_s, line=by_class,  # type: ignore[arg-type]
+        oldest_wait_s=oldest_wait_s, in_flight=in_flight, arrivals_in_window=arrivals_in_window,
+        completions_in_window=completions_in_window, busy_s=min(max(0.0, busy_s), window_s),
+        completions_while_busy=completions_while_busy,
+        replicas=replicas if isinstance(replicas, Replicas) else Replicas.of(replicas),
+        startups_measured=tuple(startups_measured), budget=budget)
 
 
 # --- meters ------------------------------------------------------------------------------
@@ -100,17 +129,37 @@ def admission_forecast(obs: TierObservation, cap: TierCapacity) -> ServiceForeca
         busy_s=obs.busy_s, completions_while_busy=obs.completions_while_busy)
 
 
-def judge_admission(obs: TierObservation, cap: TierCapacity, priority: Priority, *, prompt_tokens: int,
-                    output_tokens: int, wait_limit_s: float, deadline_s: float | None,
-                    max_replicas: int | None = None) -> AdmissionDecision:
-    """Admit or refuse one call of class `priority` on what was observed (`fleet.policy.admission.admit`).
+@dataclass(frozen=True, slots=True)
+class AdmissionInput:
+    """One call's admission question: what was observed of its tier, and what the call asks.
+    The gateway and the simulator each fill one per call (`for_tier`) and ask `judge_admission`."""
+
+    obs: TierObservation
+    capacity: TierCapacity  # as the scaler last calibrated it
+    priority: Priority
+    prompt_tokens: int
+    # The length admission assumes, never the call's true one (`TierCapacity.output_estimate`):
+    # the gateway cannot know it, nor may the simulator.
+    output_tokens: int
+    wait_limit_s: float  # the longest this class may be predicted to wait
+    deadline_s: float | None
+    max_replicas: int | None = None  # the tier's ceiling before the budget's; None: unbounded
+
+    @classmethod
+    def for_tier(cls, obs: TierObservation, capacity: TierCapacity, tc: TierConfig, priority: Priority, *,
+                 prompt_tokens: int, output_tokens: int, deadline_s: float | None) -> AdmissionInput:
+        """The question for a call on a tier configured as `tc` (its wait limit, its ceiling)."""
+        return cls(obs, capacity, priority, prompt_tokens, output_tokens, tc.wait_limit(priority), deadline_s,
+                   tc.max_replicas)
+
+
+def judge_admission(q: AdmissionInput) -> AdmissionDecision:
+    """Admit or refuse one call on what was observed (`fleet.policy.admission.admit`).
 
     A committed call is judged as if the tier's ceiling (the smaller of `max_replicas`
     and the budget's ceiling; None for both: unbounded) were ordered now.
-
-    `output_tokens`: the length admission assumes, never the call's true one
-    (`TierCapacity.output_estimate`): the gateway cannot know it, nor may the simulator.
     """
+    obs, cap, priority = q.obs, q.capacity, q.priority
     b = obs.budget
     exhausted = b is not None and b.exhausted
     retry_in = b.retry_at - obs.now if exhausted and b is not None and b.retry_at else None
@@ -119,13 +168,13 @@ def judge_admission(obs: TierObservation, cap: TierCapacity, priority: Priority,
     committed_wait = None
     if priority == Priority.committed:
         reps = obs.replicas
-        limits = [n for n in (max_replicas, b.ceiling if b is not None else None) if n is not None]
+        limits = [n for n in (q.max_replicas, b.ceiling if b is not None else None) if n is not None]
         committed_wait = wait_with_ceiling_s(ahead, forecast, counted=reps.ready or max(1, reps.starting),
                                              ceiling=min(limits) if limits else None,
                                              per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s)
     return admit(priority, ahead=ahead, forecast=forecast,
-                 service_s=cap.service_s(prompt_tokens, output_tokens), wait_limit_s=wait_limit_s,
-                 deadline_s=deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in,
+                 service_s=cap.service_s(q.prompt_tokens, q.output_tokens), wait_limit_s=q.wait_limit_s,
+                 deadline_s=q.deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in,
                  committed_wait_s=committed_wait)
 
 

@@ -1,4 +1,5 @@
-"""A tier's replicas as the policy sees them: by state, with their slots. Pure; no I/O.
+"""A tier's replicas as the policy sees them: by state, with their slots, and their health
+(how long a start may take, when a silent replica is wedged). Pure; no I/O, no clock.
 
 Live, they come from the heartbeats (and, for the scaler, from the replicas it
 launched that have not beaten yet); in the simulator, from its replica model.
@@ -55,3 +56,33 @@ def scale_in_victims(members: Iterable[ObservedReplica], n: int = 1,
     ready = [r for r in members if r.state == "ready" and (eligible is None or r.id in eligible)]
     ready.sort(key=lambda r: (r.cached, r.in_use, -r.started))
     return ready[:max(0, n)]
+
+
+# --- replica health: how long a start may take, when a silent replica is wedged ---
+
+_TIMEOUT_DOUBLINGS = 6  # at most 64x: enough to reach a real engine's minutes from a sim profile's seconds
+BEATING_START_FACTOR = 10.0  # a replica beating `starting` is loading: it gets this many times the limit...
+BEATING_START_MIN_S = 600.0  # ...and at least this long, before it is judged stuck
+
+
+def start_timeout_s(startup_s: float, consecutive: int = 0, beating: bool = False) -> float:
+    """How long a replica may take to become ready before it is stopped and reported.
+
+    Twice the expected start-up plus a margin: a loaded box is slower, but a
+    replica that never gets there must not be waited on forever. The expected
+    start-up may come from the sim profile (2 s) while the engine is real
+    (vLLM: 20-60 s), so the limit doubles with each consecutive start timeout
+    of the tier (`consecutive`) instead of killing every start at the same
+    point forever. A replica whose heartbeat still says `starting` (`beating`)
+    is making progress: it is given far longer, though not for ever.
+    """
+    limit = (2 * max(0.0, startup_s) + 10.0) * 2 ** min(max(0, consecutive), _TIMEOUT_DOUBLINGS)
+    return max(limit * BEATING_START_FACTOR, BEATING_START_MIN_S) if beating else limit
+
+
+def wedged(last_beat_s: float, now: float, heartbeat_s: float) -> bool:
+    """A ready replica whose heartbeat has been missing this long is wedged (or its
+    process is gone without the backend noticing): stop counting it as ready.
+    Three missed beats and a second, as `Replica.alive` judges a heartbeat stale,
+    plus as many again: a slow Redis round trip must not kill a healthy replica."""
+    return now - last_beat_s > 2 * (3 * heartbeat_s + 1)

@@ -118,34 +118,6 @@ def budget_ceiling_for(published: int | None, judged: bool, has_budget: bool, ha
     return have if has_budget else None
 
 
-_TIMEOUT_DOUBLINGS = 6  # at most 64x: enough to reach a real engine's minutes from a sim profile's seconds
-BEATING_START_FACTOR = 10.0  # a replica beating `starting` is loading: it gets this many times the limit...
-BEATING_START_MIN_S = 600.0  # ...and at least this long, before it is judged stuck
-
-
-def start_timeout_s(startup_s: float, consecutive: int = 0, beating: bool = False) -> float:
-    """How long a replica may take to become ready before it is stopped and reported.
-
-    Twice the expected start-up plus a margin: a loaded box is slower, but a
-    replica that never gets there must not be waited on forever. The expected
-    start-up may come from the sim profile (2 s) while the engine is real
-    (vLLM: 20-60 s), so the limit doubles with each consecutive start timeout
-    of the tier (`consecutive`) instead of killing every start at the same
-    point forever. A replica whose heartbeat still says `starting` (`beating`)
-    is making progress: it is given far longer, though not for ever.
-    """
-    limit = (2 * max(0.0, startup_s) + 10.0) * 2 ** min(max(0, consecutive), _TIMEOUT_DOUBLINGS)
-    return max(limit * BEATING_START_FACTOR, BEATING_START_MIN_S) if beating else limit
-
-
-def wedged(last_beat_s: float, now: float, heartbeat_s: float) -> bool:
-    """A ready replica whose heartbeat has been missing this long is wedged (or its
-    process is gone without the backend noticing): stop counting it as ready.
-    Three missed beats and a second, as `Replica.alive` judges a heartbeat stale,
-    plus as many again: a slow Redis round trip must not kill a healthy replica."""
-    return now - last_beat_s > 2 * (3 * heartbeat_s + 1)
-
-
 # How many standard deviations of Poisson noise the arrival rate must stay clear of before
 # a replica is given back: a rate counted over a 10 s window wanders by sqrt(rate / 10);
 # scaling in on a low draw only to scale out on the next high one is a flap (a cold start).
@@ -180,130 +152,212 @@ def line_need(backlog: float, ready: int, per_replica_rate: float, threshold_s: 
     return math.ceil(need)
 
 
-def decide_tier(s: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
-    """What to do with one tier now, and why: scale out, scale in by one, hold, or capped.
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What the load asks of a tier, in replicas. Never counts the replicas starting: an
+    order placed last tick raises what the tier has, not the need, so a need is never
+    ordered twice."""
 
-    `s` is what was observed (`fleet.policy.observation.scaling_state` builds it),
-    `cfg` the tier's config, `now` the epoch seconds the observation was made.
-    In order:
+    per_replica_rate: float  # what one ready replica serves (kept off zero: it divides)
+    by_arrival: int  # for the arrival rate clear of its Poisson noise
+    by_line: int  # for the line plus what piles up during a start-up, drained within the threshold
+    piling: float  # the calls that arrive during a start-up
+    desired: int  # the larger of the two
+    with_margin: int  # the need with a margin for noise: what a scale-in must stay clear of
+    drain_s: float  # the line's seconds to drain at the service rate
+    hot: bool  # the line waits longer than the threshold (its drain or its oldest wait)
 
-    1. demand: replicas for the arrival rate, and for the line plus what piles
-       up during a start-up drained within the threshold (never counting the
-       replicas already starting, so an order is never placed twice);
-    2. bounds: floor = max(warm floor, pre-warm); ceiling = min(max_replicas,
-       budget, GPU room), draining replicas counted against it;
-    3. scale out to max(demand, floor) within the ceiling (`capped` when the
-       ceiling leaves no room); otherwise
-    4. scale in by one when above the floor (or the ceiling) and demand leaves a
-       replica spare, only with nothing starting, an empty line (unless above
-       the ceiling) and a calm of `scale_in_hold_s`; each step restarts the hold;
-    5. otherwise hold, saying why.
 
-    The decision carries `calm_since`, which the caller passes back in the next
-    `TierState`.
-    """
-    thr = cfg.drain_threshold_s
-    floor = max(cfg.warm_floor, s.prewarm_floor)
-    ceiling, ceiling_by = ceiling_of(cfg.max_replicas, s.budget_ceiling, s.gpu_ceiling)
-    have = s.ready + s.starting
-    drain = seconds_to_drain(s.waiting, s.service_rate)
-    hot = s.waiting > 0 and (drain > thr or s.oldest_wait_s > thr)
-
-    # Demand. Desired never depends on `starting`: an order placed last tick
-    # raises `have`, not the need, so the same need is never ordered twice.
-    r = max(s.per_replica_rate, 1e-9)
+def tier_demand(state: TierState, cfg: TierConfig) -> Demand:
+    """Step 1 of `decide_tier`: replicas for the arrivals and for the line."""
+    threshold = cfg.drain_threshold_s
+    drain = seconds_to_drain(state.waiting, state.service_rate)
+    hot = state.waiting > 0 and (drain > threshold or state.oldest_wait_s > threshold)
+    per_replica = max(state.per_replica_rate, 1e-9)
     # Arrivals alone order replicas only for a rate clear of its Poisson noise (the count
     # over the window, less SCALE_IN_NOISE_SD deviations): a high draw is no reason to pay
     # a cold start, and a real excess shows in the line within seconds (`by_line`).
-    lo = rate_with_margin(s.arrival_rate, s.rate_window_s, -SCALE_IN_NOISE_SD)
-    by_arrival = replicas_for(lo, r) if lo > 0 else 0
+    low_rate = rate_with_margin(state.arrival_rate, state.rate_window_s, -SCALE_IN_NOISE_SD)
+    by_arrival = replicas_for(low_rate, per_replica) if low_rate > 0 else 0
     # The line now plus what piles up while new replicas start, drained within the threshold.
-    growth = backlog_during_startup(s.arrival_rate, s.ready * r, s.startup_s)
-    backlog = s.waiting + growth
-    by_line = line_need(backlog, s.ready, r, thr, s.batch)
-    desired = max(by_arrival, by_line)
-    target = max(desired, floor)
+    piling = backlog_during_startup(state.arrival_rate, state.ready * per_replica, state.startup_s)
+    by_line = line_need(state.waiting + piling, state.ready, per_replica, threshold, state.batch)
     # What scale-in must clear: the need with a margin for Poisson noise in the rate. Calm
     # restarts at every tick where it reaches the ready replicas, so a step down needs it
     # below ready for the whole hold: the highest recommendation over the hold, as HPA's
     # scale-down stabilisation window, with noise taken off first.
-    hi = rate_with_margin(s.arrival_rate, s.rate_window_s)
-    keep = max(replicas_for(hi, r) if hi > 0 else 0, by_line)
-    # Calm is "the drain is under its threshold and the demand leaves a replica
-    # spare"; any tick that needs every ready replica restarts it. A calm
-    # period carried over from before a burst must not let the first lull in
-    # the burst remove a replica that the next second orders again.
-    # Above the ceiling (the budget fell, or a window that is about to open
-    # bounds it) the hold runs whatever the line: demand is no reason to stay
-    # over a limit, and a busy line must not hold the tier there forever.
-    over = have > ceiling and have > floor
-    calm = over or (not hot and keep < s.ready)
-    calm_since = (now if s.calm_since is None else s.calm_since) if calm else None
-    calm_keep = (keep if s.calm_since is None else max(s.calm_keep, keep)) if calm else 0
+    high_rate = rate_with_margin(state.arrival_rate, state.rate_window_s)
+    with_margin = max(replicas_for(high_rate, per_replica) if high_rate > 0 else 0, by_line)
+    return Demand(per_replica, by_arrival, by_line, piling, max(by_arrival, by_line), with_margin, drain, hot)
 
-    def made(action: Action, delta: int, reason: str, code: str, calm: float | None = calm_since,
-             kept: int = calm_keep) -> ScaleDecision:
-        return ScaleDecision(action=action, delta=delta, reason=reason, code=code, floor=floor, ceiling=ceiling,
-                             ceiling_by=ceiling_by, desired=desired, drain_s=drain, calm_since=calm, calm_keep=kept)
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The floor and the ceiling a tier's replica count keeps between."""
+
+    floor: int  # max(warm floor, pre-warm)
+    ceiling: int  # min(max_replicas, budget, GPU room)
+    ceiling_by: CeilingBy
+    have: int  # ready and starting
+    room: int  # the ceiling less the draining replicas (they hold GPUs and bill until they leave)
+    over: bool  # above the ceiling (and the floor): step down whatever the demand
+
+
+def tier_bounds(state: TierState, cfg: TierConfig) -> Bounds:
+    """Step 2 of `decide_tier`: the floor, the ceiling and which limit binds."""
+    floor = max(cfg.warm_floor, state.prewarm_floor)
+    ceiling, ceiling_by = ceiling_of(cfg.max_replicas, state.budget_ceiling, state.gpu_ceiling)
+    have = state.ready + state.starting
     # Above the ceiling (the budget fell, or max_replicas was lowered): step down, by the
     # same careful rules as scale-in, however much the demand would like to keep them.
-    # Draining replicas still hold their GPUs and bill until they leave: new
-    # orders fit under the ceiling beside them.
-    room = max(0, ceiling - s.draining)
-    if target > have and not over:
-        if have >= room:
-            return made("capped", 0, f"capped: {ceiling_by} (ceiling {ceiling}, want {target}, have {have}"
-                        + (f", {s.draining} draining" if s.draining else "") + ")", ceiling_by)
-        goal = min(target, room)
-        delta = goal - have
-        counting = f"+{delta} counting {s.starting} starting"
-        if hot and desired > have:
-            if math.isinf(drain):
-                why = f"drain inf s > {thr:g} s (nothing served in the rate window)"
-            elif drain > thr:
-                why = f"drain {drain:.1f} s > {thr:g} s"
-            else:
-                why = f"oldest wait {s.oldest_wait_s:.1f} s > {thr:g} s"
-            reason, code = f"scale_out: {why}, {counting}", "drain"
-        elif desired > have:
-            if by_arrival >= by_line:
-                reason = (f"scale_out: arrivals {s.arrival_rate:.1f}/s need {by_arrival} at {r:.1f}/s each, "
-                          f"{counting}")
-                code = "arrival"
-            else:
-                piling = f" + {growth:.0f} arriving during {s.startup_s:.0f} s of start-up" if growth >= 0.5 else ""
-                reason = f"scale_out: line {s.waiting}{piling} needs {by_line} to drain in {thr:g} s, {counting}"
-                code = "line"
-        else:
-            kind = "pre-warm" if s.prewarm_floor > cfg.warm_floor else "warm floor"
-            reason, code = f"scale_out: floor {floor} ({kind}), {counting}", "floor"
-        if goal < target:
-            reason += f" (capped: {ceiling_by} at {ceiling})"
-        return made("scale_out", delta, reason, code)
+    return Bounds(floor, ceiling, ceiling_by, have, max(0, ceiling - state.draining),
+                  over=have > ceiling and have > floor)
 
-    if over or (have > floor and keep < s.ready):
-        if s.starting:
-            return made("hold", 0, f"hold: {s.starting} starting", "starting")
-        # Over the ceiling a queued line does not hold the step down: the replica
-        # drains (finishes what it holds), and what waits is served by the rest.
-        if s.waiting and not over:
-            return made("hold", 0, f"hold: line not empty ({s.waiting} waiting)", "line")
-        calm_for = 0.0 if calm_since is None else now - calm_since
-        if calm_for < cfg.scale_in_hold_s:
-            above = f" (above the {ceiling_by} ceiling {ceiling})" if over else ""
-            return made("hold", 0, f"hold: calm {calm_for:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in{above}",
-                        "hold_period")
-        # Down to the highest need the hold saw (above the ceiling: to the ceiling, whatever
-        # the demand), at least one. The step restarts the hold: the next waits a whole hold.
-        goal = min(max(floor, ceiling if over else calm_keep), have - 1)
-        why = (f"above the ceiling {ceiling} ({ceiling_by})" if over
-               else f"need at most {calm_keep} with noise margin over the hold")
-        return made("scale_in", goal - have, f"scale_in: calm {calm_for:.0f} s >= {cfg.scale_in_hold_s:g} s, "
-                    f"{have} -> {goal} (floor {floor}, {why})", ceiling_by if over else "idle", calm=now, kept=keep)
 
-    if s.starting:
-        return made("hold", 0, f"hold: {s.starting} starting", "starting")
-    margin = f", {keep} with noise margin" if keep > desired else ""
-    return made("hold", 0, f"hold: {have} replicas (floor {floor}, ceiling {ceiling}, need {desired}{margin})",
-                "steady")
+def tier_calm(state: TierState, demand: Demand, bounds: Bounds, now: float) -> tuple[float | None, int]:
+    """Step 3 of `decide_tier`: the calm carried on (`calm_since`, `calm_keep`).
+
+    Calm is "the drain is under its threshold and the demand leaves a replica
+    spare"; any tick that needs every ready replica restarts it. A calm period
+    carried over from before a burst must not let the first lull in the burst
+    remove a replica that the next second orders again. Above the ceiling (the
+    budget fell, or a window that is about to open bounds it) the hold runs
+    whatever the line: demand is no reason to stay over a limit, and a busy line
+    must not hold the tier there forever.
+    """
+    if not (bounds.over or (not demand.hot and demand.with_margin < state.ready)):
+        return None, 0
+    if state.calm_since is None:
+        return now, demand.with_margin
+    return state.calm_since, max(state.calm_keep, demand.with_margin)
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A branch's verdict, in numbers; `_reason` words it."""
+
+    action: Action
+    code: str
+    delta: int = 0
+    goal: int = 0  # replicas after the step
+    target: int = 0  # what a scale-out wanted, before the ceiling
+    calm_for_s: float = 0.0
+    need_kept: int = 0  # the highest need over the hold a scale-in steps down to
+
+
+def _scale_out(state: TierState, demand: Demand, bounds: Bounds, target: int) -> _Step:
+    """Up to max(demand, floor) within the room under the ceiling; `capped` when none is left."""
+    have = bounds.have
+    if have >= bounds.room:
+        return _Step("capped", bounds.ceiling_by, target=target)
+    goal = min(target, bounds.room)
+    if demand.desired > have:
+        code = "drain" if demand.hot else "arrival" if demand.by_arrival >= demand.by_line else "line"
+    else:
+        code = "floor"
+    return _Step("scale_out", code, goal - have, goal, target)
+
+
+def _scale_in(state: TierState, cfg: TierConfig, bounds: Bounds, calm: tuple[float | None, int],
+              now: float) -> _Step:
+    """Down to the highest need the hold saw (above the ceiling: to the ceiling, whatever the
+    demand), at least one, once nothing starts, the line is empty and the calm lasted the hold."""
+    if state.starting:
+        return _Step("hold", "starting")
+    # Over the ceiling a queued line does not hold the step down: the replica
+    # drains (finishes what it holds), and what waits is served by the rest.
+    if state.waiting and not bounds.over:
+        return _Step("hold", "line")
+    calm_since, calm_keep = calm
+    calm_for = 0.0 if calm_since is None else now - calm_since
+    if calm_for < cfg.scale_in_hold_s:
+        return _Step("hold", "hold_period", calm_for_s=calm_for)
+    goal = min(max(bounds.floor, bounds.ceiling if bounds.over else calm_keep), bounds.have - 1)
+    return _Step("scale_in", bounds.ceiling_by if bounds.over else "idle", goal - bounds.have, goal,
+                 calm_for_s=calm_for, need_kept=calm_keep)
+
+
+def _why_out(step: _Step, state: TierState, cfg: TierConfig, demand: Demand, bounds: Bounds) -> str:
+    threshold = cfg.drain_threshold_s
+    if step.code == "drain":
+        if math.isinf(demand.drain_s):
+            return f"drain inf s > {threshold:g} s (nothing served in the rate window)"
+        if demand.drain_s > threshold:
+            return f"drain {demand.drain_s:.1f} s > {threshold:g} s"
+        return f"oldest wait {state.oldest_wait_s:.1f} s > {threshold:g} s"
+    if step.code == "arrival":
+        return (f"arrivals {state.arrival_rate:.1f}/s need {demand.by_arrival} at "
+                f"{demand.per_replica_rate:.1f}/s each")
+    if step.code == "line":
+        piling = (f" + {demand.piling:.0f} arriving during {state.startup_s:.0f} s of start-up"
+                  if demand.piling >= 0.5 else "")
+        return f"line {state.waiting}{piling} needs {demand.by_line} to drain in {threshold:g} s"
+    kind = "pre-warm" if state.prewarm_floor > cfg.warm_floor else "warm floor"
+    return f"floor {bounds.floor} ({kind})"
+
+
+def _reason(step: _Step, state: TierState, cfg: TierConfig, demand: Demand, bounds: Bounds) -> str:
+    """The decision in words, from its numbers: the one place a reason is written."""
+    if step.action == "capped":
+        draining = f", {state.draining} draining" if state.draining else ""
+        return (f"capped: {bounds.ceiling_by} (ceiling {bounds.ceiling}, want {step.target}, "
+                f"have {bounds.have}{draining})")
+    if step.action == "scale_out":
+        capped = f" (capped: {bounds.ceiling_by} at {bounds.ceiling})" if step.goal < step.target else ""
+        return (f"scale_out: {_why_out(step, state, cfg, demand, bounds)}, "
+                f"+{step.delta} counting {state.starting} starting{capped}")
+    if step.action == "scale_in":
+        why = (f"above the ceiling {bounds.ceiling} ({bounds.ceiling_by})" if bounds.over
+               else f"need at most {step.need_kept} with noise margin over the hold")
+        return (f"scale_in: calm {step.calm_for_s:.0f} s >= {cfg.scale_in_hold_s:g} s, "
+                f"{bounds.have} -> {step.goal} (floor {bounds.floor}, {why})")
+    if step.code == "starting":
+        return f"hold: {state.starting} starting"
+    if step.code == "line":
+        return f"hold: line not empty ({state.waiting} waiting)"
+    if step.code == "hold_period":
+        above = f" (above the {bounds.ceiling_by} ceiling {bounds.ceiling})" if bounds.over else ""
+        return f"hold: calm {step.calm_for_s:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in{above}"
+    margin = f", {demand.with_margin} with noise margin" if demand.with_margin > demand.desired else ""
+    return (f"hold: {bounds.have} replicas (floor {bounds.floor}, ceiling {bounds.ceiling}, "
+            f"need {demand.desired}{margin})")
+
+
+def decide_tier(state: TierState, cfg: TierConfig, now: float) -> ScaleDecision:
+    """What to do with one tier now, and why: scale out, scale in, hold, or capped.
+
+    `state` is what was observed (`fleet.policy.observation.scaling_state` builds it),
+    `cfg` the tier's config, `now` the epoch seconds the observation was made.
+    In order:
+
+    1. demand (`tier_demand`): replicas for the arrival rate, and for the line
+       plus what piles up during a start-up drained within the threshold (never
+       counting the replicas already starting, so an order is never placed twice);
+    2. bounds (`tier_bounds`): floor = max(warm floor, pre-warm); ceiling =
+       min(max_replicas, budget, GPU room), draining replicas counted against it;
+    3. calm (`tier_calm`): since when the demand has left a replica spare;
+    4. scale out to max(demand, floor) within the ceiling (`capped` when the
+       ceiling leaves no room); otherwise
+    5. scale in when above the floor (or the ceiling) and demand leaves a
+       replica spare, only with nothing starting, an empty line (unless above
+       the ceiling) and a calm of `scale_in_hold_s`; each step restarts the hold;
+    6. otherwise hold, saying why. The reason is worded by `_reason` alone.
+
+    The decision carries `calm_since`, which the caller passes back in the next
+    `TierState`.
+    """
+    demand = tier_demand(state, cfg)
+    bounds = tier_bounds(state, cfg)
+    calm_since, calm_keep = tier_calm(state, demand, bounds, now)
+    target = max(demand.desired, bounds.floor)
+    if target > bounds.have and not bounds.over:
+        step = _scale_out(state, demand, bounds, target)
+    elif bounds.over or (bounds.have > bounds.floor and demand.with_margin < state.ready):
+        step = _scale_in(state, cfg, bounds, (calm_since, calm_keep), now)
+    else:
+        step = _Step("hold", "starting" if state.starting else "steady")
+    if step.action == "scale_in":  # the step restarts the hold: the next waits a whole hold
+        calm_since, calm_keep = now, demand.with_margin
+    return ScaleDecision(action=step.action, delta=step.delta, reason=_reason(step, state, cfg, demand, bounds),
+                         code=step.code, floor=bounds.floor, ceiling=bounds.ceiling, ceiling_by=bounds.ceiling_by,
+                         desired=demand.desired, drain_s=demand.drain_s, calm_since=calm_since, calm_keep=calm_keep)

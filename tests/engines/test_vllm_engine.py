@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ import pytest
 import pytest_asyncio
 
 from fleet.config import OpenAIUpstream, VllmSettings
-from tests.tinymodel import build_tiny_model
+from tests.tinymodel import build_tiny_model, vllm_environment
 from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.engines.openai_engine import OpenAIEngine
 
@@ -100,34 +99,8 @@ def completion_prompt_tokens(tokenizer) -> int:
 @pytest.fixture(scope="module")
 def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Private temp and cache dirs, loopback, offline; restored afterwards."""
-    root = tmp_path_factory.mktemp("vllm-run")
-    env = {
-        "TMPDIR": str(root / "tmp"),
-        "VLLM_CACHE_ROOT": str(root / "cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-        "VLLM_HOST_IP": "127.0.0.1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_DO_NOT_TRACK": "1",
-    }
-    for key in ("TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
-        Path(env[key]).mkdir(parents=True)
-    saved = {k: os.environ.get(k) for k in [*env, "VLLM_CPU_KVCACHE_SPACE"]}
-    saved_tempdir = tempfile.tempdir
-    os.environ.update(env)
-    # kv_cache_memory_bytes sets the budget; this variable would override it.
-    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    tempfile.tempdir = env["TMPDIR"]
-    try:
+    with vllm_environment(tmp_path_factory.mktemp("vllm-run")) as env:
         yield env
-    finally:
-        tempfile.tempdir = saved_tempdir
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # -- VllmEngine ----------------------------------------------------------------

@@ -5,7 +5,8 @@
   the scaler and the simulator share only the policy; only the command (`fleetctl/`) sees them all;
 - no import cycle between modules, counting every import (inside functions and under
   TYPE_CHECKING too: a cycle hidden there is still a cycle in the design);
-- no module over 400 lines.
+- no module over 400 lines, and no function of the product over 80 (a tier's tick, a call's
+  life: each reads as a few named steps, not one long page).
 
 Read from the source with `ast`, so nothing is imported to check it.
 """
@@ -29,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "fleetctl": {"fleet", "gateway", "workers", "scaler", "simulator"},
 }
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
 
 
 def _module_name(path: Path) -> str:
@@ -135,6 +137,24 @@ def test_no_module_is_over_400_lines() -> None:
     assert long == {}, long
 
 
+def long_functions(mods: Mapping[str, str], limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """Functions and methods (nested ones too) longer than `limit` lines, decorators and
+    docstring included, by `module:function:line`."""
+    out = {}
+    for m, src in mods.items():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                n = (node.end_lineno or node.lineno) - start + 1
+                if n > limit:
+                    out[f"{m}:{node.name}:{node.lineno}"] = n
+    return out
+
+
+def test_no_product_function_is_over_80_lines() -> None:
+    assert long_functions(sources()) == {}
+
+
 def test_the_checks_catch_what_they_are_for() -> None:
     """Fed a core that reaches into a part and two modules that import each other (one of them
     lazily, inside a function, as the old `fleet.latency` did), the checks say so."""
@@ -149,4 +169,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
         "fleetctl.cli": "from gateway.app import z\nfrom . import cli\n",
     }
     assert cycles(graph(mods)) == [["fleet.a", "fleet.b"]]
+    body = "".join(f"    x{i} = {i}\n" for i in range(79))  # with its `def`, 80 lines: allowed
+    assert long_functions({"fleet.d": f"def short():\n{body}\nasync def long():\n{body}    return 1\n"}) == {
+        "fleet.d:long:82": 81}
     assert [v.split(" ")[0] for v in layering_violations(mods)] == ["fleet.c:1"]

@@ -10,6 +10,7 @@ import pytest
 
 from fleet.config import CapacityProfile, ConfigError, Priority, SimProfile, TierConfig, load_config
 from fleet.policy import (
+    AdmissionInput,
     BudgetSignal,
     Calibration,
     ObservedReplica,
@@ -87,15 +88,15 @@ def test_admission_from_an_observation_uses_the_estimate_and_the_starting_replic
     f = admission_forecast(starting, cap)
     assert f.basis == "starting" and f.delay_s == pytest.approx(cap.startup_s - 1.0)
     ready = obs(line=(0, 0, 0, 30), replicas=Replicas.of([rep("a")]))
-    d = judge_admission(ready, cap, Priority.background, prompt_tokens=100, output_tokens=cap.output_estimate(None),
-                        wait_limit_s=1.0, deadline_s=None)
+    d = judge_admission(AdmissionInput(ready, cap, Priority.background, prompt_tokens=100,
+                                       output_tokens=cap.output_estimate(None), wait_limit_s=1.0, deadline_s=None))
     assert not d.admitted and d.reason == "drain_exceeded" and d.ahead == 30
-    d = judge_admission(ready, cap, Priority.committed, prompt_tokens=100, output_tokens=20, wait_limit_s=1.0,
-                        deadline_s=60.0)
+    d = judge_admission(AdmissionInput(ready, cap, Priority.committed, prompt_tokens=100, output_tokens=20,
+                                       wait_limit_s=1.0, deadline_s=60.0))
     assert d.admitted and d.ahead == 0  # nothing of its class or higher ahead
     spent = obs(replicas=Replicas.of([rep("a")]), budget=BudgetSignal(exhausted=True, retry_at=NOW + 90))
-    d = judge_admission(spent, cap, Priority.speculative, prompt_tokens=1, output_tokens=1, wait_limit_s=9,
-                        deadline_s=None)
+    d = judge_admission(AdmissionInput(spent, cap, Priority.speculative, prompt_tokens=1, output_tokens=1,
+                                       wait_limit_s=9, deadline_s=None))
     assert d.reason == "budget_exhausted" and d.retry_after_s == 90
 
 

@@ -192,7 +192,7 @@ class FixedSize(SimPolicy):
         self.n = n
         self.name = f"fixed-{n}"
 
-    def scale(self, obs: Any, tc: Any) -> Action:
+    def scale(self, obs: Any, tc: Any, *, gpu_room: int | None = None) -> Action:
         have = obs.replicas.ready + obs.replicas.starting
         return Action("scale_out" if self.n > have else "hold", max(0, self.n - have), "fixed", "fixed")
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from redis.asyncio import Redis
 
 from fleet.config import Budget, FleetConfig, Priority, load_config
-from fleet.policy import Calibration, tier_capacity
+from fleet.policy import Calibration, PlanState, tier_capacity
 from fleet.store.capacity import publish_calibration, read_calibration
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
@@ -110,7 +110,7 @@ async def test_the_scaler_publishes_its_calibration_and_admission_plans_with_it(
                 "ts": time.time(), "started": time.time() - 120}
         await r.hset(k.replicas, f"{TIER}-a", orjson.dumps(beat))
         scaler = Scaler(cfg, r, Supervisor(cfg, r, NoLaunch(), Placement([])))  # type: ignore[arg-type]
-        scaler.calibration[TIER] = Calibration(startup_s=7.0, ready=1, ready_since=time.time() - 60)
+        scaler.plans[TIER] = PlanState(Calibration(startup_s=7.0, ready=1, ready_since=time.time() - 60))
         await scaler.tick_tier(TIER)
         cal = await read_calibration(r, k)
         assert cal is not None and cal.startup_s == 7.0  # the engine's own cold start, measured

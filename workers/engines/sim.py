@@ -19,7 +19,7 @@ from fleet.config import SimProfile
 from fleet.prefix import prefix_key
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
-from workers.engines.base import Delta, EngineRequest
+from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.engines.sim_answers import answer, logprobs_of
 
 
@@ -41,6 +41,7 @@ class SimEngine:
         self._kv_free = asyncio.Condition()
         self._stepper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._running: set[str] = set()  # request ids in generate, from the KV wait to the end
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -76,33 +77,42 @@ class SimEngine:
     async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
         """Wait for KV room, pay the prefill, join the batch, then yield a piece of the answer per
         decode step until it ends (or an abort); the KV room is freed however it ends."""
+        # As the other engines: typed, not a hang (no stepper would ever tick) or a mixed-up answer.
+        if self._stepper is None:
+            raise EngineError("engine is not started", "engine_error", "not_started")
+        if req.request_id in self._running:
+            raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
         plan = answer(req)  # a typed 400 for what it cannot take, before any time is spent
         prompt_tokens = estimate_prompt_tokens(req.kind, req.body)
         steps = len(plan.pieces)
         need = self.model.kv_need(prompt_tokens, steps)
-        async with self._kv_free:
-            await self._kv_free.wait_for(lambda: self.model.fits(need))
-            self.model.reserve(need)
+        self._running.add(req.request_id)
         try:
-            # The prefix this replica served last for the same conversation is cached: only the rest is computed.
-            prefix = prefix_key(req.kind, req.body) or None
-            await asyncio.sleep(prefill_s(self.profile, self.model.prefixes.uncached_tokens(prefix, prompt_tokens))
-                                * self.time_scale)
-            self.model.prefixes.store(prefix, prompt_tokens + steps)
-            ticks: asyncio.Queue[int | None] = asyncio.Queue()
-            self._tokens[req.request_id] = ticks
-            self.model.join(req.request_id, steps)
-            self._wake.set()
-            offset = 0
-            for done, piece in enumerate(plan.pieces, 1):
-                if await ticks.get() is None:
-                    return
-                yield Delta(piece.text, prompt_tokens, done, plan.finish_reason if done == steps else None,
-                            fields=piece.fields, logprobs=logprobs_of(piece, req.body, req.kind == "chat", offset))
-                offset += len(piece.text)
-        finally:
-            self.model.leave(req.request_id)
-            self._tokens.pop(req.request_id, None)
             async with self._kv_free:
-                self.model.free(need)
-                self._kv_free.notify_all()
+                await self._kv_free.wait_for(lambda: self.model.fits(need))
+                self.model.reserve(need)
+            try:
+                # The prefix this replica served last for the same conversation is cached: only the rest is computed.
+                prefix = prefix_key(req.kind, req.body) or None
+                await asyncio.sleep(prefill_s(self.profile, self.model.prefixes.uncached_tokens(prefix, prompt_tokens))
+                                    * self.time_scale)
+                self.model.prefixes.store(prefix, prompt_tokens + steps)
+                ticks: asyncio.Queue[int | None] = asyncio.Queue()
+                self._tokens[req.request_id] = ticks
+                self.model.join(req.request_id, steps)
+                self._wake.set()
+                offset = 0
+                for done, piece in enumerate(plan.pieces, 1):
+                    if await ticks.get() is None:
+                        return
+                    yield Delta(piece.text, prompt_tokens, done, plan.finish_reason if done == steps else None,
+                                fields=piece.fields, logprobs=logprobs_of(piece, req.body, req.kind == "chat", offset))
+                    offset += len(piece.text)
+            finally:
+                self.model.leave(req.request_id)
+                self._tokens.pop(req.request_id, None)
+                async with self._kv_free:
+                    self.model.free(need)
+                    self._kv_free.notify_all()
+        finally:
+            self._running.discard(req.request_id)

@@ -288,16 +288,21 @@ class VllmEngine:
             if req.request_id not in self._aborted:
                 yield chunks.end()
         finally:
-            # Closed early (the caller left, the deadline passed, a preemption): vLLM's stream is
-            # suspended at a yield, so closing it does not reach the engine; abort there at once.
-            if not finished and self._engine is not None:
-                await self._engine.abort(inner)
-            if answer is not None and hasattr(answer, "aclose"):
-                await answer.aclose()
-            if self._counting is not None and len(self._made) < 10_000:  # bounded: a worker that never asks
-                self._made[req.request_id] = self._counting.made.pop(inner, 0)
-            self._inflight.pop(req.request_id, None)
-            self._aborted.discard(req.request_id)
+            await self._end(req.request_id, inner, answer, finished)
+
+    async def _end(self, request_id: str, inner: str, answer: Any, finished: bool) -> None:
+        """However `generate` ended: abort vLLM's request if it was cut short, close its
+        stream, keep what it made for the worker's charge, forget it."""
+        # Closed early (the caller left, the deadline passed, a preemption): vLLM's stream is
+        # suspended at a yield, so closing it does not reach the engine; abort there at once.
+        if not finished and self._engine is not None:
+            await self._engine.abort(inner)
+        if answer is not None and hasattr(answer, "aclose"):
+            await answer.aclose()
+        if self._counting is not None and len(self._made) < 10_000:  # bounded: a worker that never asks
+            self._made[request_id] = self._counting.made.pop(inner, 0)
+        self._inflight.pop(request_id, None)
+        self._aborted.discard(request_id)
 
     async def _create(self, req: EngineRequest, request: Any) -> Any:
         """Hand the request to vLLM's serving layer; its exceptions typed."""
