@@ -8,9 +8,17 @@ from typing import Any
 import click
 
 from simulator.arrivals import build_trace
-from simulator.bound import clairvoyant_bound
+from simulator.bound import clairvoyant_bound, hours, served_bound
 from simulator.fairness import FAIRNESS_EXPECT, fairness_checks, fairness_rows, flow_summary, render_fairness
-from simulator.report import checks, compare_rows, render_checks, render_compare, render_summary, summarize
+from simulator.report import (
+    checks,
+    compare_rows,
+    render_checks,
+    render_compare,
+    render_summary,
+    summarize,
+    with_bounds,
+)
 from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario
 
@@ -82,19 +90,26 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     bound = clairvoyant_bound(sc, trace) if compare or policy == "fleet" else None
     bound_all = clairvoyant_bound(sc, trace, max_class=3) if compare else None
     bound_floors = clairvoyant_bound(sc, trace, max_class=3, keep_floor=True)
-    floors_hours = sum(b.replica_seconds for b in bound_floors.values()) / 3600
-    summary = summarize(main)
-    summary["bound_ratio"] = round(summary["replica_hours"] / floors_hours, 3) if floors_hours > 0 else None
+    floors_hours = hours(bound_floors)
+    served = served_bound(sc, trace, main)
+    summary = with_bounds(summarize(main), hours(served), floors_hours)
     rows = None
     if compare:
-        rows = compare_rows([summary, *(summarize(o, timeline=False) for o in others)], bound, bound_all,
-                            bound_floors)
+        rows = compare_rows([summary, *(with_bounds(summarize(o, timeline=False), hours(served_bound(sc, trace, o)),
+                                                    floors_hours) for o in others)],
+                            bound, bound_all, bound_floors)
     flows, fair_checks = _fairness(sc, policy, seed, trace, main, compare)
-    judged = checks(main, floors_hours, rows) + fair_checks
+    judged = checks(main, hours(served), rows) + fair_checks
     doc: dict[str, Any] = {**summary, **flows,
                            "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
     if bound is not None:
         doc["clairvoyant_bound"] = _bound_json(bound)
+    doc["clairvoyant_served_bound"] = {
+        "replica_hours": round(hours(served), 3),
+        "spend_usd": round(sum(b.spend_usd for b in served.values()), 4),
+        "tiers": {t: {"replica_hours": round(b.replica_seconds / 3600, 3), "calls": b.committed_calls,
+                      "peak_replicas": b.peak_replicas} for t, b in served.items()},
+    }
     if rows is not None:
         doc["compare"] = rows
     if plot_path:
@@ -117,8 +132,9 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
             click.echo(render_compare(doc["compare"]))
             click.echo("clairvoyant rows: replica-hours below which no schedule serves those calls on time, "
                        "knowing the trace and the cold start (the first row is the lower bound of the issue: "
-                       "committed calls, no floor)")
-        _echo_flows(doc)
+                       "committed calls, no floor). x served bound: replica-hours over the bound for the very "
+                       "calls that policy served on time, with the floors (no policy can go below 1); "
+                       "x every call: over the every call + floors bound (a policy that sheds can)")
         if judged:
             click.echo("")
             click.echo("checks (the scenario's expect:)")

@@ -150,7 +150,7 @@ def build_trace(sc: Scenario, seed: int | None = None) -> Trace:
             gc.enable()
 
 
-def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random, flow: int) -> list[Arrival]:
+def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> list[Arrival]:
     """A trace arrival's calls, each in its class (drawn by the fractions when split)."""
     shares = [(int(Priority[name]), cum, sc.deadline_ms(name, a.deadline_ms) / 1000) for name, cum in a.fractions()]
     out = []
@@ -160,7 +160,7 @@ def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random, flow: 
         else:
             u = rng.random()
             cls, _, dl = next((x for x in shares if u < x[1]), shares[-1])
-        out.append(Arrival(t, Call(tier, cls, prompt, output, f"arrivals:{flow}"), dl))
+        out.append(Arrival(t, Call(tier, cls, prompt, output, "anonymous"), dl))  # a trace names no caller
     return out
 
 
@@ -171,12 +171,14 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
         rng = random.Random(f"{seed}/arrivals/{i}")
         tier = sc.cfg.resolve_model(a.tier) or a.tier
         if isinstance(a, TraceArrival):
-            arrivals += _traced(sc, a, tier, rng, i)
+            arrivals += _traced(sc, a, tier, rng)
             continue
         cls = int(Priority[a.cls])
         deadline_s = sc.deadline_ms(a.cls, a.deadline_ms) / 1000
         prompt, output = sampler(a.prompt_tokens), sampler(a.output_tokens)
-        flow = f"key:{a.key}" if a.key else f"arrivals:{i}"
+        # Without a key, one anonymous caller (as one client without a key is live): its calls
+        # keep arrival order among themselves; chains and named keys are flows of their own.
+        flow = f"key:{a.key}" if a.key else "anonymous"
         for t in _times(sc, a, rng):
             arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s))
     chains: list[ChainArrival] = []

@@ -2,8 +2,15 @@
 
 It is no policy: it reads the trace and computes replica-seconds (and spend)
 that no schedule meeting every committed deadline can go below (see
-`tier_bound`). `fleet simulate --compare` ranks every policy against it, and
-`bound_ratio` is a policy's replica-hours over the "every call + floors" bound.
+`tier_bound`). `fleet simulate --compare` ranks every policy against it.
+
+Two bounds price the whole trace: "every call" and "every call + floors". A
+policy that sheds (a budget running out, a line past its limit) serves fewer
+calls than either prices, and can come out below them: they are no bound on
+it. The served bound (`served_bound`) prices exactly the calls one policy
+served on time, with the floors: no schedule serves those calls, on time,
+keeping the floors, in fewer replica-seconds. `bound_ratio` is a policy's
+replica-hours over its own served bound, so it is never below 1.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from typing import NamedTuple
 
 from fleet.policy.prewarm import scheduled_spans
 from fleet.replica_model import cold_start_s, prefill_s, service_s
-from simulator.arrivals import ChainArrival, Trace
+from simulator.arrivals import Call, ChainArrival, Trace
+from simulator.results import SimResult
 from simulator.scenario import Scenario
 
 
@@ -49,17 +57,24 @@ class Window(NamedTuple):
     output: int  # tokens to decode
 
 
-def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0) -> dict[str, list[Window]]:
+def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0,
+                      served: set[int] | None = None) -> dict[str, list[Window]]:
     """Per tier, every committed call (with `max_class`, every call of that class or higher)
-    as a `Window`.
+    as a `Window`; with `served` (the `id`s of the calls a policy served on time), only those.
 
     A call alone on a replica is served fastest (decode step at batch 1), so
     `service_s` is a floor on the slot time it occupies. Chain calls get
     relaxed windows that hold for any schedule: a call cannot start before its
     ancestors could have finished back to back, and must end early enough for
-    its slowest line of descendants to finish by the chain's deadline.
+    its slowest line of descendants to finish by the chain's deadline. With
+    `served`, a chain that was not served whole (timed out or shed part way)
+    lends its served calls no tail: the descendants that did not run need no room.
     """
     out: dict[str, list[Window]] = {t: [] for t in sc.cfg.tiers}
+
+    def kept(c: Call) -> bool:
+        return served is None or id(c) in served
+
     tcs = sc.cfg.tiers
 
     def shortest(tier: str, prompt: int, output: int) -> float:
@@ -70,17 +85,21 @@ def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0) -> dict[st
         return Window(start, end, ln, prefill_s(tcs[tier].sim, prompt), output)
 
     for a in trace.arrivals:
-        if a.call.cls <= max_class:
+        if a.call.cls <= max_class and kept(a.call):
             out[a.call.tier].append(window(a.call.tier, a.t, a.t + a.deadline_s, a.call.prompt, a.call.output))
     for ch in trace.chains:
         if ch.cls > max_class:
             continue
-        lens = [[shortest(c.tier, c.prompt, c.output) for c in stage] for stage in ch.stages]
+        whole = all(kept(c) for stage in ch.stages for c in stage)
+        prompts = uncached_prompts(ch)
+        lens = [[shortest(c.tier, prompts[id(c)], c.output) for c in stage] for stage in ch.stages]
         head, tail = _chain_slack(ch, lens)
         deadline = ch.t + ch.deadline_s
         for k, stage in enumerate(ch.stages):
             for i, c in enumerate(stage):
-                out[c.tier].append(window(c.tier, head[k][i], deadline - tail[k][i], c.prompt, c.output, lens[k][i]))
+                if kept(c):
+                    end = deadline - (tail[k][i] if whole else 0.0)
+                    out[c.tier].append(window(c.tier, head[k][i], end, prompts[id(c)], c.output, lens[k][i]))
     return out
 
 
@@ -100,6 +119,23 @@ def _chain_slack(ch: ChainArrival, lens: list[list[float]]) -> tuple[list[list[f
             parent = j // f
             head[k][j] = head[k - 1][parent] + lens[k - 1][parent]
     return head, tail
+
+
+def uncached_prompts(ch: ChainArrival) -> dict[int, int]:
+    """Per call of a chain (by `id`), the fewest prompt tokens its prefill must compute.
+
+    A conversation's calls re-send one prefix, which a replica may hold cached: a call's
+    prefill is at least its prompt past the longest prefix another call of the chain could
+    have left there (that call's prompt and answer), the best any schedule can do. Other
+    chains' calls compute their whole prompt."""
+    calls = [c for stage in ch.stages for c in stage]
+    prompts = {id(c): c.prompt for c in calls}
+    if ch.conversation and len(calls) > 1:
+        longest = sorted((c.prompt + c.output, id(c)) for c in calls)
+        for c in calls:
+            left = longest[-1][0] if longest[-1][1] != id(c) else longest[-2][0]
+            prompts[id(c)] = max(0, c.prompt - left)
+    return prompts
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -251,25 +287,43 @@ def tier_bound(sc: Scenario, tier: str, windows: list[Window],
     return TierBound(tier, best, starting, len(windows), infeasible, peak, tc.hourly_usd, 0.0)
 
 
-def clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int = 0, keep_floor: bool = False
-                      ) -> dict[str, TierBound]:
+def clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int = 0, keep_floor: bool = False,
+                      served: set[int] | None = None) -> dict[str, TierBound]:
     """Per tier, the replica-seconds (and spend) below which no schedule serves every committed
     call on time. With `max_class` 3, every call of every class: the cost of serving it all;
-    with `keep_floor`, while also keeping the floors (warm and scheduled pre-warm)."""
-    wins = committed_windows(sc, trace, max_class)
+    with `keep_floor`, while also keeping the floors (warm and scheduled pre-warm); with
+    `served` (`id`s of calls), only those calls."""
+    wins = committed_windows(sc, trace, max_class, served)
     out = {t: tier_bound(sc, t, w, keep_floor=keep_floor) for t, w in wins.items()}
     # The committed calls' tokens are paid by any schedule that serves them.
     price = {t: (tc.usd_per_million_tokens or 0.0) / 1e6 for t, tc in sc.cfg.tiers.items()}
     tokens: dict[str, int] = dict.fromkeys(sc.cfg.tiers, 0)
     for a in trace.arrivals:
-        if a.call.cls <= max_class:
+        if a.call.cls <= max_class and (served is None or id(a.call) in served):
             tokens[a.call.tier] += a.call.prompt + a.call.output
     for ch in trace.chains:
         if ch.cls <= max_class:
             for stage in ch.stages:
                 for c in stage:
-                    tokens[c.tier] += c.prompt + c.output
+                    if served is None or id(c) in served:
+                        tokens[c.tier] += c.prompt + c.output
     for t, b in out.items():
         b.token_usd = tokens[t] * price[t]
     return out
 
+
+
+def served_ids(result: SimResult) -> set[int]:
+    """The calls a replay served on time (the trace's own `Call` objects, by identity)."""
+    return {id(c) for t in result.tiers.values() for c in t.served}
+
+
+def served_bound(sc: Scenario, trace: Trace, result: SimResult) -> dict[str, TierBound]:
+    """Per tier, the replica-seconds below which no schedule serves the very calls `result`
+    served on time while keeping the floors: the bound a policy that sheds is judged by."""
+    return clairvoyant_bound(sc, trace, max_class=3, keep_floor=True, served=served_ids(result))
+
+
+def hours(bound: dict[str, TierBound]) -> float:
+    """A bound's replica-hours over every tier."""
+    return sum(b.replica_seconds for b in bound.values()) / 3600

@@ -250,6 +250,7 @@ class Serving:
         t = self.events.t
         out = tier.outcomes[req.call.cls]
         out.completed += 1
+        tier.served.append(req.call)
         tier.done_times.append(t)
         out.waits.append(req.start - req.t_arr)
         if req.call.flow.startswith("key:"):

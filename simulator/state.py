@@ -150,6 +150,7 @@ class TierSim:
         self.spend_marks: list[float] = []  # spend at each tick, for "spent since the window began"
         self.initial_usd_per_s = 0.0
         self.peak_replicas = 0
+        self.served: list[Call] = []  # the calls completed (on time: a late one is aborted), for the served bound
         self._replicas_seen: Replicas | None = None  # as the last lifecycle change left them
 
     def cost(self, call: Call) -> int | None:

@@ -9,7 +9,8 @@ token counts from a file, e.g. the Azure LLM inference traces 2023 shipped in
         class: {interactive: 0.7, background: 0.3}   # or one class name
         trace: {file: configs/traces/azure-llm-2023-conv.csv, time: TIMESTAMP, time_unit: auto,
                 prompt_tokens: ContextTokens, output_tokens: GeneratedTokens,
-                speed: 1.0, copies: 1, jitter_s: 30, start_at: "08:00", max_output_tokens: 2048}
+                speed: 1.0, copies: 1, jitter_s: 30, start_at: "08:00", max_output_tokens: 2048,
+                prompt_scale: 1.0, output_scale: 1.0, max_prompt_tokens: 32768}
 
 - `time`: the column with each call's arrival: date-time strings (ISO, as the
   Azure traces write them) or numbers; `time_unit` `s` or `ms` for numbers,
@@ -19,7 +20,12 @@ token counts from a file, e.g. the Azure LLM inference traces 2023 shipped in
   default its start); `speed` 2 replays the file twice as fast.
 - `copies` N overlays N copies, each after the first shifted by its own seeded
   offset in [0, `jitter_s`): more load with the trace's own shape.
-- `max_output_tokens` caps a row's output (a tier's max_tokens limit).
+- `prompt_scale` / `output_scale` multiply every row's token counts (rounded,
+  at least 1): the trace's own arrivals and its own spread of lengths, re-sampled
+  to longer (or shorter) calls, e.g. the conversation trace x10 as a long-context
+  service. `max_prompt_tokens` caps a scaled prompt (what a replica's KV cache
+  holds), `max_output_tokens` caps a row's output (a tier's max_tokens limit);
+  both apply after the scaling.
 - A relative `file` is found in the repo first, then beside the scenario.
 
 Rows past the scenario's end are dropped; a bad row names its line number.
@@ -62,6 +68,9 @@ class TraceSource(BaseModel):
     jitter_s: float = Field(30.0, ge=0)
     start_at: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
+    prompt_scale: float = Field(1.0, gt=0, le=1000)
+    output_scale: float = Field(1.0, gt=0, le=1000)
+    max_prompt_tokens: int | None = Field(None, ge=1)
 
 
 class TraceArrival(BaseModel):
@@ -191,7 +200,8 @@ def replay(src: TraceSource, rows: tuple[TraceRow, ...], offset_s: float, end_s:
            rng: random.Random) -> list[tuple[float, int, int]]:
     """(seconds into the scenario, prompt, output) for every copy's rows inside [0, end_s)."""
     out = []
-    cap = src.max_output_tokens
+    ps, os_ = src.prompt_scale, src.output_scale
+    pcap, ocap = src.max_prompt_tokens, src.max_output_tokens
     for c in range(src.copies):
         shift = offset_s + (rng.uniform(0.0, src.jitter_s) if c else 0.0)
         for r in rows:
@@ -199,7 +209,10 @@ def replay(src: TraceSource, rows: tuple[TraceRow, ...], offset_s: float, end_s:
             if t >= end_s:
                 break
             if t >= 0:
-                out.append((t, r.prompt, r.output if cap is None else min(cap, r.output)))
+                prompt = max(1, round(r.prompt * ps))
+                output = max(1, round(r.output * os_))
+                out.append((t, prompt if pcap is None else min(pcap, prompt),
+                            output if ocap is None else min(ocap, output)))
     out.sort(key=lambda x: x[0])
     return out
 

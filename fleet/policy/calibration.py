@@ -8,9 +8,11 @@ Two figures, each corrected both ways (up as well as down):
   measured, the estimate is no shorter (the start-up floor).
 - throughput: `rate_factor` = modelled service time / measured, whichever side
   of 1 it falls, measured two ways. A window in which every ready replica was
-  busy the whole time measures what a replica can do directly: served per
-  replica / modelled per replica (an idle replica's completions measure demand,
-  not capacity). Outside saturation, Little's law measures the service time
+  busy the whole time (the line waited the window and a call's service more)
+  measures what a replica can do directly: served per replica / modelled per
+  replica (an idle replica's completions measure demand, not capacity). A
+  reading slower than the factor applies at once; a faster one is smoothed
+  like Little's. Outside saturation, Little's law measures the service time
   itself: calls in service (the heartbeats' in_use) / completions per second,
   set against the model's service time at the batch the replicas run. That
   second reading matters because a call's length is not a constant: the Azure
@@ -86,18 +88,33 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
     factor, measured_at = prev.rate_factor, prev.measured_at
     served = rate(obs.completions_in_window, obs.window_s)
     steady = ready > 0 and served > 0 and obs.now - ready_since >= obs.window_s
-    saturated = steady and waiting(obs) > 0 and obs.oldest_wait_s >= obs.window_s
     model = tier_capacity(tc)
+    # Saturated: the line has waited a whole window and one call's service more. A replica that
+    # has just filled its slots completes nothing for a service time: a window read then (the
+    # first of a burst of long calls read 0.55) measures the filling, not the replica.
+    fill_s = model.service_s(model.typical_prompt_tokens, model.typical_output_tokens) / max(factor, RATE_FACTOR_MIN)
+    saturated = steady and waiting(obs) > 0 and obs.oldest_wait_s >= obs.window_s + fill_s
     if saturated:
-        factor, measured_at = _bounded(served / ready / model.per_replica_rate), obs.now
+        reading = _bounded(served / ready / model.per_replica_rate)
+        # Slower than thought: at once (the safe side; admission and scaling plan with it).
+        # Faster: smoothed as Little's readings are, so that a lucky window of short calls does
+        # not size the tier for the rest of the hour.
+        factor = reading if reading < factor else factor + _weight(obs, measured_at) * (reading - factor)
+        measured_at = obs.now
     elif steady and obs.completions_in_window >= MIN_LITTLE_COMPLETIONS:
         reading = littles_factor(model, obs, served)
         if reading is not None:
-            since = obs.now - measured_at if measured_at is not None else None
-            weight = 1.0 if since is None else min(1.0, max(0.0, since) / (LITTLE_SMOOTHING * obs.window_s))
-            factor, measured_at = _bounded(factor + weight * (reading - factor)), obs.now
+            factor, measured_at = _bounded(factor + _weight(obs, measured_at) * (reading - factor)), obs.now
     return Calibration(startup_s=startup, rate_factor=factor, measured_startups=len(obs.startups_measured),
                        ready=ready, ready_since=ready_since, measured_at=measured_at)
+
+
+def _weight(obs: TierObservation, measured_at: float | None) -> float:
+    """How far a smoothed reading moves the factor: the time since the last reading over
+    LITTLE_SMOOTHING rate windows, at most all the way (the first reading stands alone)."""
+    if measured_at is None:
+        return 1.0
+    return min(1.0, max(0.0, obs.now - measured_at) / (LITTLE_SMOOTHING * obs.window_s))
 
 
 def _bounded(factor: float) -> float:

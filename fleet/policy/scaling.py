@@ -12,6 +12,8 @@ same why. The rules (docs/architecture.md, "What the policy keeps from its sourc
   the budget allows, what the GPUs can hold);
 - scale-out counts replicas already starting and the backlog that piles up
   while they start, so a need is never ordered twice;
+- the arrival rate orders replicas ahead of a line only while the tier falls
+  behind it (serves less than clearly arrives); the line orders the rest;
 - scale-in is HPA's scale-down stabilisation: only with an empty line (or
   above the ceiling, where a queued line does not keep the tier over it), only
   after the need (with its noise margin) stayed below the ready replicas for
@@ -178,7 +180,12 @@ def tier_demand(state: TierState, cfg: TierConfig) -> Demand:
     # over the window, less SCALE_IN_NOISE_SD deviations): a high draw is no reason to pay
     # a cold start, and a real excess shows in the line within seconds (`by_line`).
     low_rate = rate_with_margin(state.arrival_rate, state.rate_window_s, -SCALE_IN_NOISE_SD)
-    by_arrival = replicas_for(low_rate, per_replica) if low_rate > 0 else 0
+    # And only while the tier falls behind them: it serves less than clearly arrives. A tier
+    # that keeps up has what the arrivals need, whatever the modelled rate says: on long
+    # prompts, where a call's length swings the model's rate, and on bursts the slots absorb,
+    # a rate order bought replicas the line never asked for.
+    behind = low_rate > state.service_rate
+    by_arrival = replicas_for(low_rate, per_replica) if low_rate > 0 and behind else 0
     # The line now plus what piles up while new replicas start, drained within the threshold.
     piling = backlog_during_startup(state.arrival_rate, state.ready * per_replica, state.startup_s)
     by_line = line_need(state.waiting + piling, state.ready, per_replica, threshold, state.batch)
@@ -186,7 +193,15 @@ def tier_demand(state: TierState, cfg: TierConfig) -> Demand:
     # restarts at every tick where it reaches the ready replicas, so a step down needs it
     # below ready for the whole hold: the highest recommendation over the hold, as HPA's
     # scale-down stabilisation window, with noise taken off first.
-    high_rate = rate_with_margin(state.arrival_rate, state.rate_window_s)
+    # The margin is the noise of a count over the hold, not over the rate window: the hold
+    # already keeps the highest need it saw, tick after tick, so a window's margin on top of
+    # that counted the noise twice (on 5.4/s of long calls it held two replicas spare). Not on
+    # a tier with budget windows: their least-spend projection was made with the wider margin,
+    # and with the narrower one the market-open planner spent $80.06 of its $80 open window.
+    noise_s = state.rate_window_s
+    if state.rate_window_s > 0 and not cfg.budget.windows:
+        noise_s = max(state.rate_window_s, cfg.scale_in_hold_s)
+    high_rate = rate_with_margin(state.arrival_rate, noise_s)
     with_margin = max(replicas_for(high_rate, per_replica) if high_rate > 0 else 0, by_line)
     return Demand(per_replica, by_arrival, by_line, piling, max(by_arrival, by_line), with_margin, drain, hot)
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.config import PrewarmWindow, TierConfig
+from fleet.config import BudgetWindow, PrewarmWindow, TierConfig
 from fleet.policy import (
     PrewarmOrder,
     TierState,
@@ -442,7 +442,7 @@ def test_a_busy_line_does_not_hold_the_tier_above_a_lowered_ceiling() -> None:
 
 def test_poisson_noise_neither_orders_nor_gives_back_a_replica() -> None:
     """The issue's flap: 20-24/s on two replicas of 11.8/s each. A rate counted over 10 s
-    wanders by sqrt(rate / 10) = 1.5/s: 23.7/s is no proof that a third is needed, and 22/s
+    wanders by sqrt(rate / 10) = 1.5/s: 23.7/s is no proof that a third is needed, and 24/s
     no proof that the third can go."""
     cfg = TierConfig(warm_floor=2, max_replicas=12, drain_threshold_s=2.0, scale_in_hold_s=60)
     base = dict(waiting=0, oldest_wait_s=0.0, service_rate=22.0, starting=0, per_replica_rate=11.8,
@@ -451,8 +451,15 @@ def test_poisson_noise_neither_orders_nor_gives_back_a_replica() -> None:
     assert d.action == "hold"
     d = decide_tier(TierState(arrival_rate=30.0, ready=2, **base), cfg, NOW)  # type: ignore[arg-type]
     assert (d.action, d.delta, d.code) == ("scale_out", 1, "arrival")  # clear of the noise: order it
-    # Three ready at 22/s: 22 + 2 x 1.48 = 25 needs three: no calm, however long it lasts.
-    d = decide_tier(TierState(arrival_rate=22.0, ready=3, calm_since=NOW - 999, **base), cfg, NOW)  # type: ignore[arg-type]
+    # Three ready at 24/s: the margin is the noise of a count over the 60 s hold (the hold keeps the
+    # highest need it sees, tick after tick), 24 + 2 x sqrt(24 / 60) = 25.3 needs three: no calm,
+    # however long it lasts. A 10 s window's margin on top of the hold's highest counted it twice.
+    d = decide_tier(TierState(arrival_rate=24.0, ready=3, calm_since=NOW - 999, **base), cfg, NOW)  # type: ignore[arg-type]
+    assert d.action == "hold" and d.calm_since is None and "3 with noise margin" in d.reason
+    # On a tier with budget windows the margin stays the rate window's: 22 + 2 x 1.48 = 25 needs three.
+    windowed = cfg.model_copy(update={"budget": cfg.budget.model_copy(update={"windows": [
+        BudgetWindow(name="open", cron="25 8 * * 1-5", duration_s=3600, usd=50)]})})
+    d = decide_tier(TierState(arrival_rate=22.0, ready=3, calm_since=NOW - 999, **base), windowed, NOW)  # type: ignore[arg-type]
     assert d.action == "hold" and d.calm_since is None and "3 with noise margin" in d.reason
     # At 18/s (20.7 with the margin) two suffice: the hold runs and the third goes after it.
     calm = None
