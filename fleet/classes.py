@@ -118,3 +118,29 @@ class Replication(BaseModel):
 
     def waits(self, priority: str) -> bool:
         return self.ack_replicas > 0 and priority in self.ack_classes
+
+
+class FairLine(BaseModel):
+    """`fair_line:` of the config: how a tier's line shares each class among its flows
+    (`fleet.policy.fairness`, docs/fair-line.md). A tier chooses `fairness: fair` or `fifo`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A flow's service is its tokens: input plus output, output counted this many times (a decoded
+    # token costs an engine several prefilled ones; llm-d's program-aware order uses 2 as well).
+    output_weight: float = Field(2.0, ge=0)
+    # How fast a flow that stopped waiting is forgiven what it was served beyond the others.
+    half_life_s: float = Field(60.0, gt=0)
+    # Headers agent clients send that name a session; a call's flow is its X-Chain-Id, else the
+    # first of these it carries, else its API key, else its client address.
+    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id", "x-session-affinity"])
+    # A chain (X-Chain-Id) with no call open for this long is counted complete (status, metrics).
+    chain_idle_s: float = Field(30.0, gt=0)
+
+    @field_validator("session_headers")
+    @classmethod
+    def _lower(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if not h or not all(c.isalnum() or c in "-_" for c in h):
+                raise ValueError(f"session header {h!r} is not a header name (letters, digits, - and _)")
+        return [h.lower() for h in v]

@@ -23,7 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleet.classes import CLASSES, Affinity, Preemption, Priority, Replication, per_class_positive
+from fleet.classes import CLASSES, Affinity, FairLine, Preemption, Priority, Replication, per_class_positive
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -159,6 +159,9 @@ class TierConfig(_Strict):
     versions: dict[str, ModelVersionConfig] = Field(default_factory=dict)  # more known versions
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     preemption: Preemption = Field(default_factory=Preemption)
+    # Within a class: `fair` shares the line among flows by least attained service (docs/fair-line.md);
+    # `fifo` keeps arrival order.
+    fairness: Literal["fair", "fifo"] = "fair"
     affinity: Affinity = Field(default_factory=Affinity)  # claims prefer what a replica has cached
 
     @field_validator("wait_limit_s")
@@ -225,6 +228,7 @@ class ApiKey(_Strict):
     rpm: int | None = Field(None, gt=0)
     tpm: int | None = Field(None, gt=0)
     budget_usd: float | None = Field(None, ge=0)
+    weight: float = Field(1.0, gt=0, le=1000)  # its flows' share of a busy class in a fair line
     admin: bool = False
     read_status: bool = False  # may read /v1/fleet/status and /metrics (admin keys may too)
 
@@ -284,6 +288,7 @@ class FleetConfig(BaseSettings):
     gateway: GatewayEdge = Field(default_factory=GatewayEdge)
     responses: ResponsesStore = Field(default_factory=ResponsesStore)  # POST /v1/responses' stored state
     replication: Replication = Field(default_factory=Replication)  # enqueues a replica acknowledged
+    fair_line: FairLine = Field(default_factory=FairLine)  # how a fair tier shares a class among flows
     gpus: list[GpuInventory] = Field(default_factory=list)
 
     @classmethod

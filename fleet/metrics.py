@@ -42,6 +42,11 @@ WARM_FLOOR = Gauge("fleet_warm_floor", "Configured warm floor (replicas kept war
 MAX_REPLICAS = Gauge("fleet_max_replicas", "Configured replica ceiling before any budget cap.", ["tier"])
 DRAIN_THRESHOLD = Gauge("fleet_drain_threshold_seconds", "Seconds-to-drain above which the tier scales out.",
                         ["tier"])
+CHAINS = Gauge("fleet_chains", "Agent chains (X-Chain-Id) ended, by the tier and class of their first call: "
+               "completed, and those with a call refused or late (no label per chain).",
+               ["tier", "priority", "outcome"])
+CHAIN_SECONDS = Gauge("fleet_chain_completion_seconds", "Chain completion time (first call in to last call out) "
+                      "of the last 1,000 chains completed, by quantile.", ["quantile"])
 IN_FLIGHT = Gauge("fleet_in_flight", "Requests claimed by a worker and running.", ["tier"])
 # Worker side: what one replica holds right now (exposed on `fleet worker --metrics-port`).
 WORKER_ACTIVE = Gauge("fleet_worker_active_requests", "Requests this replica is running.", ["tier", "replica"])

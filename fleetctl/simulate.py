@@ -9,6 +9,7 @@ import click
 
 from simulator.arrivals import build_trace
 from simulator.bound import clairvoyant_bound, hours, served_bound
+from simulator.fairness import FAIRNESS_EXPECT, fairness_checks, fairness_rows, flow_summary, render_fairness
 from simulator.report import (
     checks,
     compare_rows,
@@ -49,6 +50,28 @@ def _bound_json(bound: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _fairness(sc: Any, policy: str, seed: int, trace: Any, main: Any,
+              compare: bool) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
+    """The chains' outcomes (`flows`) and, with --compare or when the scenario expects it, fair
+    against fifo on the same trace (`fairness_compare`) with its checks (docs/fair-line.md)."""
+    exp = sc.spec.expect
+    out: dict[str, Any] = {"flows": flow_summary(main, exp.get("flood_key"))}
+    if not (compare or any(k in exp for k in FAIRNESS_EXPECT)):
+        return out, []
+    out["fairness_compare"] = rows = fairness_rows(sc, policy, seed, trace)
+    return out, fairness_checks(rows, exp)
+
+
+def _echo_flows(doc: dict[str, Any]) -> None:
+    fl = doc["flows"]
+    click.echo(f"chains: {fl['chains_completed']} completed (p50 {fl['chain_p50_s']} s, p99 {fl['chain_p99_s']} s), "
+               f"{fl['chains_refused_or_late']} with a call refused or late")
+    if "fairness_compare" in doc:
+        click.echo("")
+        click.echo("fair against fifo within each class (same trace, same seed)")
+        click.echo(render_fairness(doc["fairness_compare"]))
+
+
 def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
                  plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200,
                  affinity: bool = True) -> int:
@@ -75,8 +98,10 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
         rows = compare_rows([summary, *(with_bounds(summarize(o, timeline=False), hours(served_bound(sc, trace, o)),
                                                     floors_hours) for o in others)],
                             bound, bound_all, bound_floors)
-    judged = checks(main, hours(served), rows)
-    doc: dict[str, Any] = {**summary, "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
+    flows, fair_checks = _fairness(sc, policy, seed, trace, main, compare)
+    judged = checks(main, hours(served), rows) + fair_checks
+    doc: dict[str, Any] = {**summary, **flows,
+                           "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
     if bound is not None:
         doc["clairvoyant_bound"] = _bound_json(bound)
     doc["clairvoyant_served_bound"] = {

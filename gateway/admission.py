@@ -43,6 +43,7 @@ from fleet.policy import (
     startup_estimate,
     tier_capacity,
 )
+from fleet.policy.fairness import fair_line
 from fleet.policy.replicas import NO_REPLICAS
 from fleet.store.admitting import Admitting
 from fleet.store.capacity import read_calibration
@@ -154,10 +155,14 @@ class Admission:
         k = self.keys[req.tier]
         member = f"{int(req.priority)}:{req.rid}"
         window_s = self.cfg.rate_window_s
-        snap = await self.admitting.observe_and_mark(k, self.lines[req.tier].prefix, member, int(window_s * 1000))
+        snap = await self.admitting.observe_and_mark(k, self.lines[req.tier].prefix, member, int(window_s * 1000),
+                                                     (int(req.priority), req.place) if req.place else None)
         view = self.views[req.tier]
+        # In a fair tier only what the line will put before it counts, not its whole class.
+        ahead = None if snap.ahead_in_class is None else snap.ahead_in_class + snap.admitting[req.priority]
         obs = observe_tier(
-            req.tier, time.time(), window_s, line=snap.line, completions_in_window=snap.completions_in_window,
+            req.tier, time.time(), window_s, line=fair_line(snap.line, req.priority, ahead),
+            completions_in_window=snap.completions_in_window,
             busy_s=snap.busy_ms / 1000, completions_while_busy=snap.completions_while_busy, replicas=view.replicas,
             budget=BudgetSignal(snap.budget_exhausted, snap.budget_retry_at))
         decision = judge_admission(AdmissionInput.for_tier(

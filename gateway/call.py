@@ -37,7 +37,7 @@ from fleet.store.events import Chunk, Done, Event, Failed
 from fleet.tasks import spawn
 from gateway.admission import AdmissionRequest
 from gateway.auth import Caller
-from gateway.call_spec import CallSpec
+from gateway.call_spec import CallSpec, fair_place
 from gateway.client_watch import ClientGone, ClientWatch
 from gateway.errors import APIError, from_event
 from gateway.observability import RequestRecorder
@@ -61,6 +61,7 @@ class CallHeaders:
     priority: Priority
     deadline_ms: int
     chain: str = ""
+    flow: str = ""  # its flow within its class in a fair tier (`gateway.call_spec.call_flow`)
 
 
 class Call:
@@ -70,6 +71,7 @@ class Call:
                  rid: str | None = None) -> None:
         self.gw, self.spec, self.caller, self.client = gw, spec, caller, client
         self.priority, self.deadline_ms, self.chain = headers.priority, headers.deadline_ms, headers.chain
+        self.flow = headers.flow or f"key:{caller.name}"
         self.rid = rid or uuid.uuid4().hex
         self.line = gw.lines[spec.tier]
         self.deadline_at = asyncio.get_running_loop().time() + self.deadline_ms / 1000
@@ -80,6 +82,7 @@ class Call:
         self.events: AsyncIterator[Event] | None = None
         self.told: str | None = None  # the outcome its caller was told: set once, by `end`
         self.streaming = False  # handed to a stream, which ends it when it is done
+        self.chain_open = False  # counted open in its chain's record: `end` closes it
 
     @property
     def headers(self) -> dict[str, str]:
@@ -104,6 +107,9 @@ class Call:
         away or silent as the typed 503 (the request, which may have joined, becomes an orphan)."""
         try:
             async with asyncio.timeout_at(self.deadline_at + GRACE_S):
+                if self.chain:  # its chain is open while any of its calls is (fleet.store.chains)
+                    await self.gw.chains.start(self.chain, self.spec.tier, self.priority.name)
+                    self.chain_open = True
                 await self._join()
                 assert self.events is not None
                 first = await self.client.race(self.events.__anext__())
@@ -120,11 +126,13 @@ class Call:
         """Admission (rate limits, budgets, the tier's drain and the deadline: a typed 429 with
         Retry-After, or a ticket), then the watch, then the line."""
         spec = self.spec
+        output = self.gw.admission.views[spec.tier].capacity.output_estimate(spec.explicit_max_tokens)
+        weight = self.caller.key.weight if self.caller.key else 1.0
         self.ticket = await self.gw.admission.admit(AdmissionRequest(
             rid=self.rid, caller=self.caller, tier=spec.tier, priority=self.priority, deadline_ms=self.deadline_ms,
-            prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
-            expected_output_tokens=self.gw.admission.views[spec.tier].capacity.output_estimate(
-                spec.explicit_max_tokens)))
+            prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens, expected_output_tokens=output,
+            place=fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
+                             output_tokens=output, weight=weight)))
         # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
         self.watch = self.gw.results.watch(self.line, self.rid)
         await self.ticket.enqueue(self.line, spec.payload(self.caller.name), self.chain,
@@ -151,6 +159,8 @@ class Call:
             return
         self.told = told
         self.client.stop()
+        if self.chain_open:  # refused or late unless it completed (a caller hanging up is neither)
+            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED)))
         if self.watch is not None:
             self.watch.close()
         if self.events is not None:

@@ -8,13 +8,18 @@ body as the bytes that arrived (`fleet.store.payloads`).
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fleet.config import FleetConfig
 from fleet.policy import default_max_tokens
+from fleet.policy.fairness import call_cost
 from fleet.prefix import prefix_key
 from fleet.prompt_size import estimate_prompt_tokens
+from fleet.store.flows import Place
 from fleet.store.payloads import CallPayload, Kind
 from gateway.errors import APIError
 from gateway.request import validate
@@ -58,3 +63,33 @@ def parse_call(kind: Kind, raw: bytes, data: Any, cfg: FleetConfig) -> CallSpec:
                        param="max_tokens", code="invalid_value")
     return CallSpec(kind=kind, body=body, raw=raw, tier=tier, max_tokens=max_tokens, explicit_max_tokens=explicit,
                     prompt_tokens=estimate_prompt_tokens(kind, data), prefix=prefix_key(kind, data))
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def call_flow(chain: str, headers: Mapping[str, str], session_headers: list[str], key: str | None,
+              client: str | None) -> str:
+    """The flow a call belongs to within its class (docs/fair-line.md): its chain (`X-Chain-Id`),
+    else the first session header it carries (`fair_line.session_headers`), else its API key,
+    else its client address. A session id that is not plain (or too long) is named by its digest:
+    the flow is part of a Redis key and of nothing a caller reads back."""
+    if chain:
+        return f"chain:{chain}"
+    for h in session_headers:
+        v = headers.get(h)
+        if v:
+            return f"session:{v}" if _PLAIN.fullmatch(v) else f"session:#{hashlib.sha256(v.encode()).hexdigest()[:32]}"
+    if key is not None:
+        return f"key:{key}"
+    return f"client:{client or 'unknown'}"
+
+
+def fair_place(cfg: FleetConfig, tier: str, flow: str, *, prompt_tokens: int, output_tokens: int,
+               weight: float) -> Place | None:
+    """Where a call goes within its class in a fair tier (its flow and its cost); None in a fifo tier."""
+    if cfg.tiers[tier].fairness != "fair":
+        return None
+    fl = cfg.fair_line
+    return Place(flow, call_cost(prompt_tokens, output_tokens, output_weight=fl.output_weight, weight=weight),
+                 fl.half_life_s)

@@ -20,7 +20,7 @@ from fleet.store.payloads import Kind
 from gateway.answers import stream, whole
 from gateway.auth import Caller, authenticate
 from gateway.call import REFUSED, Call, CallHeaders, count_refused
-from gateway.call_spec import CallSpec, parse_call
+from gateway.call_spec import CallSpec, call_flow, parse_call
 from gateway.client_watch import ClientGone, ClientWatch
 from gateway.errors import APIError
 from gateway.redis_loss import UNAVAILABLE
@@ -69,7 +69,10 @@ async def read_call(request: Request, kind: Kind, cfg: FleetConfig,
         caller.check_tier(tier)
         prio = caller.priority(request.headers.get("x-priority"), cfg.default_priority)
         priority = prio.name
-        headers = CallHeaders(prio, parse_deadline(request, cfg.default_deadline_ms), parse_chain_id(request))
+        chain = parse_chain_id(request)
+        flow = call_flow(chain, request.headers, cfg.fair_line.session_headers, caller.key.name if caller.key else None,
+                         request.client.host if request.client else None)
+        headers = CallHeaders(prio, parse_deadline(request, cfg.default_deadline_ms), chain, flow)
     except APIError as e:
         count_refused(tier, priority, UNAVAILABLE if e.status == 503 else REFUSED)
         raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -28,6 +29,7 @@ from fleet.config import CLASSES, FleetConfig
 from fleet.governor import set_budget_gauges
 from fleet.observe import read_tier
 from fleet.policy import arrival_rate, drain_s, replicas_by_version, service_rate
+from fleet.store.chains import read_chains
 from fleet.store.events import Done
 from fleet.store.line import Line
 from fleet.store.model_registry import read_record
@@ -86,8 +88,19 @@ async def metrics(request: Request) -> Response:
     lines = list(gw.lines.values())
     # A frozen Redis (no reset, only silence) is cut short too: the scrape answers within its bound.
     await asyncio.gather(*(asyncio.wait_for(refresh_tier(gw.cfg, line), SCRAPE_REFRESH_S) for line in lines),
-                         return_exceptions=True)
+                         asyncio.wait_for(refresh_chains(gw), SCRAPE_REFRESH_S), return_exceptions=True)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+async def refresh_chains(gw: Any) -> None:
+    """The chains' gauges from their records (`fleet.store.chains`)."""
+    c = await read_chains(gw.redis, gw.cfg.namespace)
+    for outcome, by in (("completed", c.completed), ("refused_or_late", c.refused_or_late)):
+        for (tier, cls), n in by.items():
+            m.CHAINS.labels(tier, cls, outcome).set(n)
+    for q, v in (("0.5", c.p50_s), ("0.99", c.p99_s)):
+        if v is not None:
+            m.CHAIN_SECONDS.labels(q).set(v)
 
 
 class RequestRecorder:

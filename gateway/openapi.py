@@ -33,7 +33,8 @@ HEADERS: list[dict[str, Any]] = [
                     "deadline never reaches an engine (504).",
      "schema": {"type": "string", "pattern": DEADLINE_PATTERN}},
     {"name": "X-Chain-Id", "in": "header", "required": False,
-     "description": "The agent chain this call belongs to, stored with the request.",
+     "description": "The agent chain this call belongs to, stored with the request; in a fair tier "
+                    "its flow, which shares the call's class with the others (docs/fair-line.md).",
      "schema": {"type": "string", "pattern": CHAIN_ID_PATTERN, "maxLength": MAX_CHAIN_ID}},
 ]
 

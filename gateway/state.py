@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from fleet.config import FleetConfig
 from fleet.governor import govern
+from fleet.store.chains import Chains
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
 from fleet.store.responses import ResponseStore
@@ -35,6 +36,7 @@ class Gateway:
         self.results = ResultReader()  # one reader of every open call's result stream
         self.keyring = keyring or KeyRing(cfg.keys)
         self.orphans = Orphans()  # answered 503 while Redis was away; ended in the line when it returns
+        self.chains = Chains(redis, cfg.namespace)  # how each X-Chain-Id chain ended (status, metrics)
         self.responses = ResponseStore(redis, cfg.namespace, cfg.responses.ttl_s)  # the Responses API's state
         self.started = time.time()
 
@@ -60,5 +62,6 @@ class Gateway:
             try:
                 await self.govern_unless_a_scaler_does()
                 await self.keyring.refresh(self.redis, self.cfg.namespace)
+                await self.chains.sweep(self.cfg.fair_line.chain_idle_s)
             except Exception:  # a Redis blip must not end the loop; the next tick retries
                 log.exception("governor or key refresh tick failed")

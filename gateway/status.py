@@ -17,6 +17,7 @@ from fleet.config import CLASSES, FleetConfig
 from fleet.observe import read_tier
 from fleet.policy import arrival_rate, calibrated_capacity, drain_s, replicas_by_version, service_rate, waiting
 from fleet.store.capacity import read_calibration
+from fleet.store.chains import ChainOutcomes, read_chains
 from fleet.store.line import Line
 from fleet.store.model_registry import ModelRecord, read_record
 from fleet.store.scaler_state import read_scaler_state
@@ -122,4 +123,16 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
 
 async def fleet_status(cfg: FleetConfig, redis: Redis, lines: dict[str, Line],
                        views: dict[str, TierView] | None = None) -> dict[str, Any]:
-    return {"tiers": {t: await tier_status(cfg, redis, line, (views or {}).get(t)) for t, line in lines.items()}}
+    return {"tiers": {t: await tier_status(cfg, redis, line, (views or {}).get(t)) for t, line in lines.items()},
+            "chains": chain_status(await read_chains(redis, cfg.namespace))}
+
+
+def chain_status(c: ChainOutcomes) -> dict[str, Any]:
+    """Chains as a whole (X-Chain-Id): open now, completed, with a call refused or late, and the
+    completion time of the last 1,000 completed, in all and by the tier and class of their first call."""
+    keys = sorted(set(c.completed) | set(c.refused_or_late))
+    return {"open": c.open, "completed": sum(c.completed.values()),
+            "refused_or_late": sum(c.refused_or_late.values()),
+            "completion_p50_s": c.p50_s, "completion_p99_s": c.p99_s,
+            "by_tier_class": [{"tier": t, "class": k, "completed": c.completed.get((t, k), 0),
+                               "refused_or_late": c.refused_or_late.get((t, k), 0)} for t, k in keys]}

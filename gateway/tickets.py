@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from fleet.config import Priority
 from fleet.store.events import Done, Failed
+from fleet.store.flows import Place
 from fleet.store.line import Line
 from fleet.store.replication import Ack
 from gateway.auth import Caller
@@ -50,6 +51,7 @@ class AdmissionRequest:
     prompt_tokens: int  # estimated before any tokenizer runs
     max_tokens: int
     expected_output_tokens: int
+    place: Place | None = None  # its flow and cost in a fair tier (`gateway.call_spec.fair_place`)
 
     @property
     def estimated_tokens(self) -> int:
@@ -102,7 +104,8 @@ class Ticket:
         script when it wakes): the caller ends it as an orphan (`gateway.redis_loss`),
         which also ends this ticket; the being-admitted mark expires by itself."""
         return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
-                                  admitting=(self.admitting_key, self.member), ack=self.ack, affinity=affinity)
+                                  admitting=(self.admitting_key, self.member), ack=self.ack, affinity=affinity,
+                                  place=self.req.place)
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.

@@ -28,6 +28,7 @@ class Call:
     cls: int  # Priority value: 0 committed .. 3 background
     prompt: int
     output: int
+    flow: str = ""  # its flow in a fair line: "key:<key>" of its arrival process, or its chain's
 
 
 @dataclass(slots=True)
@@ -159,7 +160,7 @@ def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> lis
         else:
             u = rng.random()
             cls, _, dl = next((x for x in shares if u < x[1]), shares[-1])
-        out.append(Arrival(t, Call(tier, cls, prompt, output), dl))
+        out.append(Arrival(t, Call(tier, cls, prompt, output, "anonymous"), dl))  # a trace names no caller
     return out
 
 
@@ -175,8 +176,11 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
         cls = int(Priority[a.cls])
         deadline_s = sc.deadline_ms(a.cls, a.deadline_ms) / 1000
         prompt, output = sampler(a.prompt_tokens), sampler(a.output_tokens)
+        # Without a key, one anonymous caller (as one client without a key is live): its calls
+        # keep arrival order among themselves; chains and named keys are flows of their own.
+        flow = f"key:{a.key}" if a.key else "anonymous"
         for t in _times(sc, a, rng):
-            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng)), deadline_s))
+            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s))
     chains: list[ChainArrival] = []
     for i, c in enumerate(sc.spec.chains):
         rng = random.Random(f"{seed}/chains/{i}")
@@ -184,12 +188,13 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
         fanouts = [st.fanout for st in c.stages]
         shapes = [(sc.cfg.resolve_model(st.tier) or st.tier, sampler(st.prompt_tokens), sampler(st.output_tokens))
                   for st in c.stages]
-        for t in _times(sc, c, rng):
+        for j, t in enumerate(_times(sc, c, rng)):
             stages: list[list[Call]] = []
             n = 1
+            flow = f"chain:{c.name}#{j}"  # each chain its own flow, as X-Chain-Id names it live
             for st, (tier, prompt, output) in zip(c.stages, shapes, strict=True):
                 n *= st.fanout
-                stages.append([Call(tier, cls, prompt(rng), output(rng)) for _ in range(n)])
+                stages.append([Call(tier, cls, prompt(rng), output(rng), flow) for _ in range(n)])
             chains.append(ChainArrival(t, c.name, cls, c.deadline_ms / 1000, stages, fanouts, c.conversation))
     arrivals.sort(key=lambda a: a.t)
     return Trace(arrivals, chains)

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from heapq import heappop
 
 from fleet.config import CLASSES, Priority
 from fleet.policy import TierObservation, arrival_rate, drain_s, rate
+from fleet.policy.fairness import fair_line
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
 from simulator.gpus import SimGpus
+from simulator.line import FlowShares
 from simulator.policies import SimPolicy
 from simulator.results import Sample, SimResult, TimelineEntry
 from simulator.scenario import Scenario
@@ -40,21 +43,27 @@ _PRIORITIES = tuple(Priority)
 
 
 class Simulator:
-    def __init__(self, scenario: Scenario, trace: Trace, policy: SimPolicy) -> None:
+    def __init__(self, scenario: Scenario, trace: Trace, policy: SimPolicy, fairness: str | None = None) -> None:
         self.sc = scenario
         self.cfg = scenario.cfg
         self.trace = trace
         self.policy = policy
         self.tick_s = scenario.spec.tick_s
-        self.tiers = {name: TierSim(name, tc, self.cfg.rate_window_s, scenario.start_epoch)
-                      for name, tc in self.cfg.tiers.items()}
+        # `fairness`: every tier's order within a class, whatever the config says (`--compare`).
+        self.fairness = fairness
         self.events = EventQueue()
-        self.serving = Serving(self.events, self, SimGpus(self.cfg.gpus))
+        shares = FlowShares(self.events)
+        self.tiers = {name: TierSim(name, tc, self.cfg.rate_window_s, scenario.start_epoch,
+                                    self.cfg.fair_line if (fairness or tc.fairness) == "fair" else None, shares)
+                      for name, tc in self.cfg.tiers.items()}
+        self.chain_times: list[float] = []  # arrival to last call's end, of each chain completed
+        self.serving = Serving(self.events, self, SimGpus(self.cfg.gpus), shares)
         self.decisions: list[TimelineEntry] = []
         self.samples: dict[str, list[Sample]] = {n: [] for n in self.tiers}
         self.chains: dict[str, dict[str, int]] = {}
         self.chains_by_class: dict[str, dict[str, int]] = {}
         self._last_reason: dict[str, str] = {}
+        self._next_window = 0.0  # when the next fairness window closes (`simulator.line.FlowShares`)
         policy.prepare(scenario)
 
     @property
@@ -77,8 +86,11 @@ class Simulator:
         out.arrived += 1
         tier.offered += 1
         if self.policy.sheds:
-            reason = self.policy.admit(tier.observation(self.t, fresh=False), tier.tc, _PRIORITIES[call.cls],
-                                       call.prompt, deadline_s)
+            obs = tier.observation(self.t, fresh=False)
+            ahead = tier.ahead_in_class(call, self.t)
+            if ahead is not None:  # as the gateway: only what the fair order puts before it
+                obs = replace(obs, line=fair_line(obs.line, _PRIORITIES[call.cls], ahead))
+            reason = self.policy.admit(obs, tier.tc, _PRIORITIES[call.cls], call.prompt, deadline_s)
             if reason is not None:
                 out.shed[reason] = out.shed.get(reason, 0) + 1
                 if chain is not None:
@@ -126,6 +138,8 @@ class Simulator:
         ch.outcome = outcome
         ch.shed_reason = reason
         ch.done_at = self.t
+        if outcome == "completed":
+            self.chain_times.append(self.t - ch.arrival.t)
         self.chains[ch.arrival.name][outcome] += 1
         self.chains_by_class[CLASSES[ch.arrival.cls]][outcome] += 1
 
@@ -164,6 +178,10 @@ class Simulator:
             self.samples[tier.name].append(Sample(
                 self.t, offered, arrival_rate(obs), tier.waiting, drain_s(obs),
                 tier.n_starting, tier.n_ready, tier.n_draining, tier.spend_usd))
+        shares = self.serving.shares
+        if self.t + 1e-9 >= self._next_window:
+            self._next_window = self.t + shares.window_s
+            shares.close_window(self.t)
         # Past the end no call arrives, but the scaler keeps ticking while accepted calls
         # are still in line or running: they end on time or late, never "unfinished".
         if self.t + self.tick_s <= self.sc.duration_s or self.busy():
@@ -246,4 +264,6 @@ class Simulator:
             tier.account(last)
         return SimResult(self.policy.name, self.sc, self.tiers, self.decisions, self.samples, self.chains,
                          self.chains_by_class, budget_report(self.sc, self.tiers, self.tick_s),
-                         wall_s=wall_s, events=events, ended_s=last)
+                         wall_s=wall_s, events=events, ended_s=last,
+                         chain_times=self.chain_times, key_waits=self.serving.key_waits, jain=self.serving.shares.index,
+                         fairness=self.fairness)

@@ -49,3 +49,7 @@ class SimResult:
     events: int = 0
     seed: int = 0
     ended_s: float = 0.0  # when the last accepted call ended (>= the scenario's duration)
+    chain_times: list[float] | None = None  # arrival to end, of each chain completed
+    key_waits: dict[str, list[float]] | None = None  # "key:<name>" -> waits in line of its completed calls
+    jain: float | None = None  # Jain's index over the flows backlogged through a window (`simulator.line`)
+    fairness: str | None = None  # every tier's order within a class, when the run forced one

@@ -24,11 +24,12 @@ def make_policy(name: str) -> SimPolicy:
 
 
 def simulate(sc: Scenario, policy: str | SimPolicy = "fleet", seed: int | None = None,
-             trace: Trace | None = None) -> SimResult:
-    """Replay the scenario's trace (drawn for `seed`, default the scenario's) under one policy."""
+             trace: Trace | None = None, fairness: str | None = None) -> SimResult:
+    """Replay the scenario's trace (drawn for `seed`, default the scenario's) under one policy.
+    `fairness` ("fair" or "fifo"): every tier's order within a class, whatever its config says."""
     p = make_policy(policy) if isinstance(policy, str) else policy
     seed = sc.spec.seed if seed is None else seed
     tr = trace if trace is not None else build_trace(sc, seed)
-    result = Simulator(sc, tr, p).run()
+    result = Simulator(sc, tr, p, fairness).run()
     result.seed = seed
     return result

@@ -155,6 +155,7 @@ class Arrival(_Process):
     prompt_tokens: Length = Field(default_factory=lambda: Length(mean=200))
     output_tokens: Length = Field(default_factory=lambda: Length(mean=100))
     deadline_ms: float | None = Field(None, gt=0)
+    key: str | None = Field(None, min_length=1, max_length=128)  # the API key it calls with: its flow
 
     @field_validator("cls")
     @classmethod

@@ -28,6 +28,7 @@ from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose
 from fleet.replica_model import ReplicaModel, prefill_s
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
 from simulator.gpus import SimGpus
+from simulator.line import FlowShares
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
 
 
@@ -46,7 +47,8 @@ def prefix_of(req: Req) -> object | None:
 
 
 class Serving:
-    def __init__(self, events: EventQueue, ends: CallEnds, gpus: SimGpus | None = None) -> None:
+    def __init__(self, events: EventQueue, ends: CallEnds, gpus: SimGpus | None = None,
+                 shares: FlowShares | None = None) -> None:
         self.events = events
         self.ends = ends
         self.gpus = gpus or SimGpus(())  # where the replicas are booked (none: no GPU limit)
@@ -54,6 +56,8 @@ class Serving:
         # dict, not a set, so a tie among candidates goes the same way in every run (a set of
         # calls iterates in memory-address order, which changed the replay from run to run).
         self.calls_on: dict[str, dict[Req, None]] = {}
+        self.shares = shares or FlowShares(events)  # Jain's index over backlogged flows (`fleet simulate --compare`)
+        self.key_waits: dict[str, list[float]] = {}  # "key:<name>" flow -> waits in line of its completed calls
 
     # --- replicas ---------------------------------------------------------------
 
@@ -122,7 +126,10 @@ class Serving:
     def enqueue(self, tier: TierSim, req: Req) -> None:
         """An admitted call joins its tier's line (and is taken at once if a replica has room)."""
         tier.enq_times.append(self.events.t)
-        tier.line[req.call.cls].append(req)
+        tier.lseq += 1
+        now_ms = int((tier.start_epoch + self.events.t) * 1000)
+        tier.line[req.call.cls].place(req, tier.lseq, tier.cost(req.call), now_ms,
+                                      tier.fair.half_life_s if tier.fair else 60.0)
         tier.by_class[req.call.cls] += 1
         tier.waiting += 1
         self.dispatch(tier)
@@ -188,6 +195,8 @@ class Serving:
         req.state = RUNNING
         req.start = t
         req.replica = r
+        served = self.shares.served
+        served[req.call.flow] = served.get(req.call.flow, 0.0) + req.call.prompt + 2 * req.call.output
         r.running += 1
         r.model.reserve(req.kv)
         tier.in_flight += 1
@@ -244,6 +253,8 @@ class Serving:
         tier.served.append(req.call)
         tier.done_times.append(t)
         out.waits.append(req.start - req.t_arr)
+        if req.call.flow.startswith("key:"):
+            self.key_waits.setdefault(req.call.flow, []).append(req.start - req.t_arr)
         out.ttfts.append(req.first_token - req.t_arr)
         if req.call.output > 1:
             # TPOT as vLLM's bench defines it: (latency - TTFT) / (output tokens - 1).
@@ -282,6 +293,7 @@ class Serving:
             return
         tier = req.tier
         req.state = FINISHED
+        tier.line[req.call.cls].remove(req)
         tier.by_class[req.call.cls] -= 1
         tier.waiting -= 1
         tier.outcomes[req.call.cls].expired_waiting += 1
@@ -292,7 +304,9 @@ class Serving:
         once for this waiting call. True when a slot was freed."""
         if req.pmarked:
             return False
-        calls = {str(id(c)): c for r in tier.ready_list for c in self.calls_on.get(r.id, ())}
+        # In arrival order, named by it: a tie goes to the same call in every replay (not by address).
+        calls = {str(c.lseq): c for r in tier.ready_list
+                 for c in sorted(self.calls_on.get(r.id, ()), key=lambda c: c.lseq)}
         t = self.events.t
         running = [RunningRequest(k, c.call.cls, int(c.replica.model.tokens_of(c.seq)) if c.seq and c.replica else 0,
                                   False, c.preempted, c.start) for k, c in calls.items()]
@@ -325,11 +339,7 @@ class Serving:
         v.seq = v.replica = None
         v.state = QUEUED
         v.preempted += 1
-        q = tier.line[v.call.cls]
-        at = 0
-        while at < len(q) and q[at].t_arr <= v.t_arr:
-            at += 1
-        q.insert(at, v)
+        tier.line[v.call.cls].put_back(v)  # with its own score: its place, as the line's PREEMPT
         tier.by_class[v.call.cls] += 1
         tier.waiting += 1
         self.events.push(v.deadline, EXPIRE, v)

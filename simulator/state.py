@@ -12,10 +12,20 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from fleet.config import CLASSES, TierConfig
-from fleet.policy import BudgetView, ObservedReplica, Replicas, TierObservation, budget_signal, observe_tier
+from fleet.config import CLASSES, FairLine, TierConfig
+from fleet.policy import (
+    BudgetView,
+    ObservedReplica,
+    Replicas,
+    TierObservation,
+    budget_signal,
+    calibrated_capacity,
+    observe_tier,
+)
+from fleet.policy.fairness import call_cost
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
 from simulator.arrivals import Call, ChainArrival
+from simulator.line import ClassLine, FlowShares
 
 # Call states.
 QUEUED, RUNNING, FINISHED = 0, 1, 2
@@ -51,8 +61,8 @@ class SimReplica:
 
 
 class Req:
-    __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "pmarked", "preempted", "replica", "seq",
-                 "stage", "start", "state", "t_arr", "tier")
+    __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "lseq", "pmarked", "preempted", "replica",
+                 "score", "seq", "stage", "start", "state", "t_arr", "tier")
 
     def __init__(self, call: Call, tier: TierSim, t_arr: float, deadline: float,
                  chain: ChainRun | None = None, stage: int = 0, idx: int = 0) -> None:
@@ -71,6 +81,8 @@ class Req:
         self.seq: Sequence | None = None  # in the decode batch, once its prefill is done
         self.preempted = 0  # times it gave its slot to a higher class (fleet.policy.choose_victim)
         self.pmarked = False  # a call was preempted for it already: never twice for one waiting call
+        self.score = 0.0  # its place in its class's line (`simulator.line.ClassLine`)
+        self.lseq = 0  # its arrival sequence in the tier
 
 
 @dataclass(slots=True)
@@ -91,14 +103,18 @@ class Outcome:
 class TierSim:
     """One tier: its line, its replicas, its meters and its bill."""
 
-    def __init__(self, name: str, tc: TierConfig, window_s: float, start_epoch: float) -> None:
+    def __init__(self, name: str, tc: TierConfig, window_s: float, start_epoch: float,
+                 fair: FairLine | None = None, shares: FlowShares | None = None) -> None:
         self.name = name
         self.tc = tc
         self.profile = tc.sim  # how its replicas behave
         self.cold_start = cold_start_s(tc.sim)
         self.slowest_step_s = step_s(tc.sim, tc.slots)  # a decode step of a full batch
         self.start_epoch = start_epoch
-        self.line: list[deque[Req]] = [deque() for _ in CLASSES]
+        self.line = [ClassLine(shares) for _ in CLASSES]
+        self.fair = fair  # None: fifo within a class; else the fair line's settings
+        self.fair_output = calibrated_capacity(tc, None).output_estimate(None)  # what the gateway charges
+        self.lseq = 0
         self.by_class = [0, 0, 0, 0]
         self.waiting = 0
         self.replicas: list[SimReplica] = []
@@ -136,6 +152,18 @@ class TierSim:
         self.peak_replicas = 0
         self.served: list[Call] = []  # the calls completed (on time: a late one is aborted), for the served bound
         self._replicas_seen: Replicas | None = None  # as the last lifecycle change left them
+
+    def cost(self, call: Call) -> int | None:
+        """What the call is charged in its flow, as the gateway charges it (None: fifo)."""
+        if self.fair is None:
+            return None
+        return call_cost(call.prompt, self.fair_output, output_weight=self.fair.output_weight)
+
+    def ahead_in_class(self, call: Call, t: float) -> int | None:
+        """In a fair tier, the calls of its class the line would put before this one (admission)."""
+        if self.fair is None:
+            return None
+        return self.line[call.cls].ahead(call.flow, int((self.start_epoch + t) * 1000), self.fair.half_life_s)
 
     def model_kv_need(self, call: Call) -> int:
         # A call generates exactly its output: that is the max_tokens its engine reserves for.

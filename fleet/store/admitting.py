@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from fleet.store.flows import FLOW_START, Place
 from fleet.store.keys import TierKeys
 from fleet.store.line_scripts import LUA_BY_CLASS
 from fleet.store.lua import CLOCK
@@ -23,10 +24,12 @@ from fleet.store.tier_budget import EXHAUSTED, RETRY_AT
 # How long a "being admitted" mark lives if its gateway dies between the decision and the line.
 ADMITTING_HOLD_MS = 5000
 
-# KEYS: line completions budget admitting ; ARGV: window_ms prefix member hold_ms
+# KEYS: line completions budget admitting [flow_clock flow] ; ARGV: window_ms prefix member hold_ms [rank half_ms]
 # Returns: now_ms, waiting by class (4), being admitted by class (4), busy_ms,
-#          completions in window, completions while busy, budget exhausted, budget retry_at
-OBSERVE_AND_MARK = CLOCK + LUA_BY_CLASS + f"""
+#          completions in window, completions while busy, budget exhausted, budget retry_at,
+#          ahead in its class (with a flow, in a fair tier: the calls of its class placed before
+#          where ENQUEUE would place it now, `fleet.store.flows`; else -1)
+OBSERVE_AND_MARK = CLOCK + LUA_BY_CLASS + FLOW_START + f"""
 local out = {{n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}}
 local oldest = oldest_enq
 -- The marks of calls being admitted, those expired dropped: one call unless some expired.
@@ -52,6 +55,13 @@ out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - math.min(busy, window)),
 local b = redis.call('HMGET', KEYS[3], '{EXHAUSTED}', '{RETRY_AT}')
 out[#out + 1] = b[1] or '0'
 out[#out + 1] = b[2] or ''
+if KEYS[6] then
+  local rank = tonumber(ARGV[5])
+  local start = flow_start(KEYS[1], KEYS[5], KEYS[6], rank, tonumber(ARGV[6]))
+  out[#out + 1] = redis.call('ZCOUNT', KEYS[1], n2s(rank * 1e15), '(' .. n2s(rank * 1e15 + start))
+else
+  out[#out + 1] = -1
+end
 return out
 """
 
@@ -68,6 +78,7 @@ class AdmissionSnapshot:
     completions_while_busy: int  # within the busy spell (capped at the window)
     budget_exhausted: bool
     budget_retry_at: float | None  # epoch seconds
+    ahead_in_class: int | None = None  # fair tier: its class's calls placed before it; None: all of them
 
     @property
     def line(self) -> tuple[int, int, int, int]:
@@ -83,15 +94,21 @@ class Admitting:
         self.redis = redis
         self._observe = redis.register_script(OBSERVE_AND_MARK)
 
-    async def observe_and_mark(self, keys: TierKeys, prefix: str, member: str, window_ms: int) -> AdmissionSnapshot:
-        raw = await self._observe(keys=[keys.line, keys.completions, keys.budget, keys.admitting],
-                                  args=[window_ms, prefix, member, ADMITTING_HOLD_MS])
+    async def observe_and_mark(self, keys: TierKeys, prefix: str, member: str, window_ms: int,
+                               place: tuple[int, Place] | None = None) -> AdmissionSnapshot:
+        """The tier as this call sees it, marking it as being admitted. `place` (rank, place): in a
+        fair tier, also how many of its class the line would put before it."""
+        fair_keys, fair_args = ((place[1].keys(keys, place[0]), [place[0], place[1].half_ms]) if place else ([], []))
+        raw = await self._observe(keys=[keys.line, keys.completions, keys.budget, keys.admitting, *fair_keys],
+                                  args=[window_ms, prefix, member, ADMITTING_HOLD_MS, *fair_args])
         retry_at = _s(raw[13])
+        ahead = int(raw[14])
         return AdmissionSnapshot(
             now_ms=int(raw[0]), waiting=tuple(int(x) for x in raw[1:5]),  # type: ignore[arg-type]
             admitting=tuple(int(x) for x in raw[5:9]),  # type: ignore[arg-type]
             busy_ms=int(raw[9]), completions_in_window=int(raw[10]), completions_while_busy=int(raw[11]),
-            budget_exhausted=_s(raw[12]) == "1", budget_retry_at=float(retry_at) if retry_at else None)
+            budget_exhausted=_s(raw[12]) == "1", budget_retry_at=float(retry_at) if retry_at else None,
+            ahead_in_class=ahead if ahead >= 0 else None)
 
     async def unmark(self, keys: TierKeys, member: str) -> None:
         """The request was refused: it is no longer being admitted."""

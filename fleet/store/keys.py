@@ -176,6 +176,15 @@ class TierKeys:
         (`fleet.store.callers`)."""
         return self._k(f"calls:{gateway}")
 
+    @property
+    def flow_clock(self) -> str:
+        """HASH class rank -> the class's clock in a fair line (`fleet.store.flows`)."""
+        return self._k("flows:clock")
+
+    def flow(self, rank: int, flow: str) -> str:
+        """STRING "tag|at ms|last call": one flow's place in one class of a fair line (`fleet.store.flows`)."""
+        return self._k(f"flow:{rank}:{flow}")
+
     def request(self, rid: str) -> str:
         """HASH of one request: payload, class, deadline, state, owner, attempt."""
         return self._k(f"req:{rid}")

@@ -5,8 +5,9 @@ observers (`observe`), which the gateway's status, its metrics and the scaler sh
 
 Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
 
-- `line` ZSET, score = class rank * CLASS_SPAN + arrival sequence, so ZPOPMIN
-  gives strict class order and first come first served within a class. A
+- `line` ZSET, score = class rank * CLASS_SPAN + arrival sequence (fifo) or the
+  call's flow's start tag (fair: `fleet.store.flows`), so ZPOPMIN gives strict
+  class order and, within a class, arrival order or least attained service. A
   requeued request keeps its score, so it goes back ahead of everything that
   arrived after it: the head of its class.
 - `inflight` ZSET, score = lease expiry on the Redis clock. Workers renew
@@ -41,8 +42,10 @@ from redis.exceptions import NoScriptError
 from fleet.config import Priority
 from fleet.store.callers import GRACE_MS, LEASE_MS, SWEEP_BATCH
 from fleet.store.connection import MAX_BLOCK_S
-from fleet.store.events import Done, Event, Failed, decode, encode
+from fleet.store.events import Done, Failed, encode
+from fleet.store.flows import Place
 from fleet.store.keys import TierKeys
+from fleet.store.line_results import LineResults
 from fleet.store.line_scripts import (
     CLAIM,
     CLASS_SPAN,
@@ -124,7 +127,7 @@ class Reaped(NamedTuple):
     expired: int  # their request hash was gone: counted expired, as CLAIM counts it
 
 
-class Line:
+class Line(LineResults):
     """One tier's line. Safe to share across tasks; every mutation is one Lua call.
 
     `redis` runs the scripts; `blocking` (a client whose read timeout exceeds
@@ -157,7 +160,7 @@ class Line:
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
                       chain: str = "", admitting: tuple[str, str] | None = None, *,
-                      ack: Ack | None = None, affinity: str = "") -> int:
+                      ack: Ack | None = None, affinity: str = "", place: Place | None = None) -> int:
         """Join the line; returns the absolute deadline on the Redis clock.
 
         `admitting` (key, member): the admission mark this request held, dropped in the same
@@ -165,11 +168,14 @@ class Line:
         return once that many have it or its timeout passed (`fleet.store.replication`).
         A gateway's line records the call under its `caller` (`fleet.store.callers`); `affinity`:
         its prefix key, which affine claims prefer on the replica that holds it (`fleet.store.affinity`).
+        `place`: its flow in a fair tier (`fleet.store.flows`); None: by arrival within its class (fifo).
         """
-        k = self.keys
-        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *(admitting[:1] if admitting else ())]
+        k, fair = self.keys, place or Place("", 0, 1.0)
+        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *fair.keys(k, int(priority)),
+                *(admitting[:1] if admitting else ())]
         args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
-                           self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS, "", 0, affinity]
+                           self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS,
+                           place.cost if place else "", fair.half_ms, affinity]
         if ack is None or ack.replicas <= 0 or not await self.replicas.known():
             deadline, _ = await self._enqueue(keys=keys, args=args)
             return int(deadline)
@@ -349,44 +355,6 @@ class Line:
             args += [rid, owner, "1" if first else "0", body, model]
             keys += [self.keys.request(rid), self.keys.result(rid)]
         return [int(i) for i in await self._emit(keys=keys, args=args)]
-
-    async def read_results(self, keys: list[bytes], after: list[bytes],
-                           block_ms: int, count: int = 256) -> list[tuple[bytes, bytes, list[Event]]]:
-        """One XREAD over many result streams (`keys`, each after its entry id in `after`, "0-0":
-        from the start), on the blocking client, waiting up to `block_ms` for any entry. Returns
-        (key, last entry id, events) for each stream with news. The gateway's result reader is the
-        one reader (`gateway.result_reader`); a key that is no request's (its wake stream) reads alike."""
-        block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
-        # Built by hand, not through `xread(dict)`: with thousands of streams the dict and
-        # redis-py's argument handling cost more than the read itself.
-        resp = await self.blocking.execute_command("XREAD", "BLOCK", block, "COUNT", count, "STREAMS", *keys, *after)
-        return [(key, entries[-1][0], [ev for _, f in entries if (ev := decode(f)) is not None])
-                for key, entries in resp or () if entries]
-
-    async def read_events(self, rid: str, after: str, block_ms: int) -> list[tuple[str, Event]]:
-        """One request's result events after entry `after` ("0-0": from the start), each with its
-        entry id, waiting up to `block_ms` (blocking client). For a single reader (tests, benches
-        driving the line directly); the gateway reads every call through `read_results`."""
-        block = max(1, min(block_ms, int(MAX_BLOCK_S * 1000)))
-        resp = await self.blocking.xread({self.keys.result(rid): after}, block=block, count=256)
-        return [(_s(entry), ev) for entry, fields in resp[0][1] if (ev := decode(fields)) is not None] if resp else []
-
-    def reader_wake_key(self, reader_id: str) -> bytes:
-        """A result reader's own stream in this tier (same slot as the results): `ring_reader`
-        adds to it, and the reader names it in every `read_results`."""
-        return self.keys.result(f"~gw-{reader_id}").encode()
-
-    async def ring_reader(self, wake_key: bytes) -> None:
-        """End a blocked `read_results` that names `wake_key` (one entry kept, with the result TTL)."""
-        async with self.redis.pipeline(transaction=False) as p:
-            p.xadd(wake_key, {"w": "1"}, maxlen=1, approximate=False)
-            p.expire(wake_key, self.result_ttl_s)
-            await p.execute()
-
-    async def drop_events(self, *rids: str) -> None:
-        """These result streams have been read: drop them now rather than at their TTL."""
-        if rids:
-            await self.redis.unlink(*(self.keys.result(rid) for rid in rids))
 
 
 def _claims(more: Any, rows: list[Any], retry_ms: Any = 0) -> Claims:

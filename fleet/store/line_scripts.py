@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fleet.store.callers import MARK, SWEEP_BODY, UNMARK
 from fleet.store.events import EXPIRED_IN_LINE, REQUEST_LOST, SET_ASIDE, WORKER_LOST, lua_literal
+from fleet.store.flows import FLOW_START
 from fleet.store.lua import CLOCK, SHEBANG
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
@@ -63,14 +64,28 @@ local function retire(req, rid, outcome, ttl)
 end
 """
 
-# KEYS: line seq bell counters arrivals req [admitting]
+# KEYS: line seq bell counters arrivals req flow_clock flow [admitting]
 # ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms admitting_member gateway lease_ms
+#       cost half_ms [prefix key]
 # (admitting_member '' without the admitting key; gateway '' for no caller's record: `MARK`).
+# `cost` '' places the call by arrival (fifo); else by its flow's start tag (`fleet.store.flows`):
+# the flow's record becomes start + cost, kept ten half-lives past the call's deadline.
 # ARGV[14], optional: the call's prefix key (`fleet.store.affinity`), kept as `aff` (12 and 13: the fair line's).
 # Returns {deadline_ms, now_ms} on the Redis clock.
-ENQUEUE = CLOCK + MARK + """
+ENQUEUE = CLOCK + MARK + FLOW_START + """
 local seq = redis.call('INCR', KEYS[2])
-local score = n2s(tonumber(ARGV[2]) * 1e15 + seq)
+local rank = tonumber(ARGV[2])
+local score
+if ARGV[12] and ARGV[12] ~= '' then
+  local half = tonumber(ARGV[13])
+  local start, v, stored = flow_start(KEYS[1], KEYS[7], KEYS[8], rank, half)
+  if v > stored then redis.call('HSET', KEYS[7], rank, n2s(v)) end
+  redis.call('SET', KEYS[8], n2s(start + tonumber(ARGV[12])) .. '|' .. n2s(now) .. '|' .. ARGV[1],
+    'PX', 10 * half + tonumber(ARGV[4]))
+  score = n2s(rank * 1e15 + start)
+else
+  score = n2s(rank * 1e15 + seq)
+end
 local deadline = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[6], 'payload', ARGV[3], 'rank', ARGV[2], 'priority', ARGV[5], 'chain', ARGV[6],
   'deadline', n2s(deadline), 'enq', n2s(now), 'score', score, 'state', 'queued', 'attempt', 0, 'owner', '')
@@ -82,7 +97,7 @@ redis.call('HINCRBY', KEYS[4], 'accepted', 1)
 redis.call('ZADD', KEYS[5], n2s(now), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - tonumber(ARGV[8])))
 -- The gateway's "being admitted" mark: the line counts the request from now on.
-if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[9]) end
+if KEYS[9] then redis.call('ZREM', KEYS[9], ARGV[9]) end
 return {n2s(deadline), n2s(now)}
 """
 
