@@ -325,15 +325,10 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    vllm_env = {"TMPDIR": str(work / "tmp"), "VLLM_CACHE_ROOT": str(work / "cache"),
-                "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"), "VLLM_HOST_IP": "127.0.0.1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                "VLLM_DO_NOT_TRACK": "1"}
-    for key in ("TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
-        Path(vllm_env[key]).mkdir(parents=True)
-    os.environ.update(vllm_env)
-    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # kv_cache_memory_bytes sets the budget
-    tempfile.tempdir = vllm_env["TMPDIR"]
+    from tests.tinymodel import vllm_environment
+
+    env_scope = contextlib.ExitStack()  # vLLM's private dirs and offline settings, for the whole run
+    env_scope.enter_context(vllm_environment(work))
 
     from tests.tinymodel import build_tiny_model
 
