@@ -82,7 +82,7 @@ async def _flood(url: str, tier: str, stop_after_s: float) -> None:
 
 def _flooded(url_flood: str, url_quiet: str, tier: str) -> list[float]:
     """The quiet key's latencies while the runaway chain keeps OPEN calls open."""
-    flood = subprocess.Popen([sys.executable, __file__, url_flood, tier, "60"], cwd=ROOT)
+    flood = subprocess.Popen([sys.executable, "-m", "tests.processes.test_fair_live", url_flood, tier, "60"], cwd=ROOT)
     try:
         # The flood is in place once the line holds most of it.
         wait_until(lambda: _waiting(url_quiet, tier) >= OPEN - 8, 20, what="the flood in the line")

@@ -184,7 +184,8 @@ def test_dead_replica_is_replaced_and_a_standby_takes_over(sfleet: Fleet) -> Non
     # A replica that dies is replaced, and counted.
     os.kill(heartbeats(f)[victim]["pid"], signal.SIGKILL)
     wait_until(lambda: ready(f) and victim not in ready(f), 45, what="a replacement replica ready")
-    died = [e for e in stream(f) if e.get("event") == "died"]
+    # The death is recorded by the scaler that saw it, which may be a moment after the beats moved.
+    died = wait_until(lambda: [e for e in stream(f) if e.get("event") == "died"], 15, what="the death recorded")
     assert [e["replica"] for e in died] == [victim]
     assert published(f)["deaths"] == "1"
     assert any("replaces " + victim in e["reason"] for e in stream(f) if e.get("action") == "scale_out")
