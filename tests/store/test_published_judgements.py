@@ -19,37 +19,14 @@ from fleet.policy import Calibration, PlanState, tier_capacity
 from fleet.store.capacity import publish_calibration, read_calibration
 from fleet.store.keys import TierKeys, scaler_leader_key
 from fleet.store.line import Line
-from scaler.backends import Supervised
 from scaler.loop import Scaler
 from scaler.placement import Placement
 from scaler.supervisor import Supervisor
+from tests.backends import NoLaunch
 from tests.paths import TESTS
 
 SCALER_CONFIG = TESTS / "fleet-scaler.yaml"
 TIER = "routing"
-
-
-class NoLaunch:
-    """A backend that starts nothing (the scaler's decisions are what is under test)."""
-
-    name = "none"
-
-    def launch(self, rec: Supervised) -> None: ...
-
-    def alive(self, rec: Supervised) -> bool:
-        return True
-
-    def terminate(self, rec: Supervised) -> None: ...
-
-    def kill(self, rec: Supervised) -> None: ...
-
-    def cleanup(self, rec: Supervised) -> None: ...
-
-    def adopt(self, rec: Supervised) -> bool:
-        return False
-
-    def discover(self, namespace: str) -> list[Supervised]:
-        return []
 
 
 def _config(**tier: object) -> FleetConfig:

@@ -46,12 +46,13 @@ from simulator.arrivals import Call, Trace
 from simulator.engine import Simulator
 from simulator.policies import NO_ORDERS, Action, OurPolicy
 from simulator.scenario import Scenario, parse_scenario
+from tests.backends import NoLaunch
 from tests.harness import call_payload
 
 TIER = "routing"
 
 
-class RecordingBackend:
+class RecordingBackend(NoLaunch):
     """Starts nothing; remembers what the supervisor asked for."""
 
     name = "recording"
@@ -61,21 +62,6 @@ class RecordingBackend:
 
     def launch(self, rec: Supervised) -> None:
         self.launched.append(rec.id)
-
-    def alive(self, rec: Supervised) -> bool:
-        return True
-
-    def terminate(self, rec: Supervised) -> None: ...
-
-    def kill(self, rec: Supervised) -> None: ...
-
-    def cleanup(self, rec: Supervised) -> None: ...
-
-    def adopt(self, rec: Supervised) -> bool:
-        return False
-
-    def discover(self, namespace: str) -> list[Supervised]:
-        return []
 
 
 def _scenario(namespace: str, gpus: list[dict[str, float]] | None = None, **overrides: object) -> Scenario:
