@@ -91,12 +91,17 @@ class PrivateRedis:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def resolve_redis() -> tuple[str, PrivateRedis | None]:
-    """The Redis URL to use, and the private server if one had to be started."""
+def resolve_redis(wait_s: float = 0.0) -> tuple[str, PrivateRedis | None]:
+    """The Redis URL to use, and the private server if one had to be started. A REDIS_URL that
+    does not answer is tried again for `wait_s` seconds first: a part started while its Redis
+    restarts (as `fleet up` starts them) waits for it rather than exiting."""
     url = os.environ.get("REDIS_URL")
     if url:
-        if not answers(url, 2.0):
-            raise NoRedis(f"REDIS_URL={url} does not answer")
+        end = time.monotonic() + wait_s
+        while not answers(url, 2.0):
+            if time.monotonic() >= end:
+                raise NoRedis(f"REDIS_URL={url} does not answer" + (f" within {wait_s:.0f} s" if wait_s else ""))
+            time.sleep(0.5)
         return url, None
     local = "redis://127.0.0.1:6379/0"
     if answers(local):

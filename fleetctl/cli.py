@@ -25,11 +25,16 @@ def _config(path: str | None) -> FleetConfig:
         sys.exit(2)
 
 
+# A part whose REDIS_URL does not answer at start waits this long for it (a Redis restarting
+# while `fleet up` starts the parts), then exits naming the URL.
+PART_REDIS_WAIT_S = 30.0
+
+
 def _redis_url() -> str:
     from fleet.redis_server import NoRedis, resolve_redis
 
     try:
-        url, private = resolve_redis()
+        url, private = resolve_redis(wait_s=PART_REDIS_WAIT_S)
     except NoRedis as e:
         click.echo(f"fleet: {e}", err=True)
         sys.exit(2)
