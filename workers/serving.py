@@ -91,7 +91,8 @@ class Progress:
 async def run_engine(engine: Engine, streams: StreamWriter, c: Claimed, req: EngineRequest, attempt: Attempt,
                      progress: Progress) -> None:
     """Run `req` on the engine to its end: a streamed call's deltas go to the caller as they come
-    (every one of them in its result stream before this returns), a whole call's are gathered.
+    (what is still buffered at the end goes with its finish: `StreamWriter.rest`), a whole call's
+    are gathered.
     Closing the engine's iterator on the way out frees its KV at once, however this ends."""
     async with contextlib.aclosing(engine.generate(req)) as deltas:
         async for d in deltas:
@@ -104,5 +105,3 @@ async def run_engine(engine: Engine, streams: StreamWriter, c: Claimed, req: Eng
                 streams.push(c.lease, d)
                 if first:  # the writer sends it now, not after the rest of a burst is read
                     await asyncio.sleep(0)
-    if req.stream:
-        await streams.close(c.lease)  # every chunk is in the result stream before the done event

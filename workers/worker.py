@@ -273,9 +273,11 @@ class Worker:
             await self._finish(c, "failed", Failed(502, "engine_error", f"{type(e).__name__}: {e}"))
 
     async def _complete(self, c: Claimed, req: EngineRequest, progress: Progress) -> None:
+        # A streamed call's last text rides in its finish: one round trip ends it (StreamWriter.rest).
+        last, model = await self.streams.rest(c.lease) if req.stream else (b"", "")
         done = progress.done(c, req, self.replica_id, self.model_name)
         if await self._finish(c, "completed", done, prompt_tokens=done.prompt_tokens,
-                              completion_tokens=done.completion_tokens):
+                              completion_tokens=done.completion_tokens, last_chunk=last, last_model=model):
             progress.useful = progress.ended = True
             self.completed += 1
             metrics.TTFT.labels(self.tier).observe(done.ttft_s)

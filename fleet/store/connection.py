@@ -43,6 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
 
 from fleet.store.cluster import AnyNodePubSub, cluster_client, cluster_client_sync
+from fleet.store.packing import fast
 
 Role = Literal["calls", "blocking", "pubsub"]
 
@@ -99,12 +100,15 @@ def _single(target: RedisTarget, options: dict[str, Any]) -> Redis:
                   supported_errors=(RedisConnectionError,))
     wait_s = options.pop("wait_for_connection_s", None)
     if wait_s is None:
-        return Redis.from_url(target.url, retry=retry, **options)
-    # A bounded pool that makes a caller wait for a free connection instead of failing
-    # with "Too many connections": the connection count stays fixed under any load.
-    pool = BlockingConnectionPool.from_url(target.url, retry=retry, timeout=wait_s, **options)
-    client = Redis(connection_pool=pool)
-    client.auto_close_connection_pool = True
+        client = Redis.from_url(target.url, retry=retry, **options)
+    else:
+        # A bounded pool that makes a caller wait for a free connection instead of failing
+        # with "Too many connections": the connection count stays fixed under any load.
+        pool = BlockingConnectionPool.from_url(target.url, retry=retry, timeout=wait_s, **options)
+        client = Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True
+    # Commands packed in C (fleet.store.packing); the pool makes its connections from this class.
+    client.connection_pool.connection_class = fast(client.connection_pool.connection_class)
     return client
 
 

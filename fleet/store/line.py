@@ -273,7 +273,8 @@ class Line(LineResults):
         return [_s(r) for r in lost]
 
     async def finish(self, rid: str, outcome: str, event: Done | Failed | None = None, *, owner: str = "",
-                     prompt_tokens: int = 0, completion_tokens: int = 0) -> str | None:
+                     prompt_tokens: int = 0, completion_tokens: int = 0, last_chunk: bytes = b"",
+                     last_model: str = "") -> str | None:
         """End a request with one outcome. Only the first call for a request wins.
 
         Returns the state it ended it from ("queued": no engine saw it;
@@ -284,13 +285,17 @@ class Line(LineResults):
         lease was reaped must not complete a request someone else now runs).
         `owner` empty: the gateway ending it (cancel, deadline); a running
         request is then aborted in its engine through the cancel channel.
+
+        `last_chunk` (with `last_model`, the engine's model name if no chunk gave it yet): a
+        streamed call's last text, written as a chunk just before the end and only if this finish
+        wins, so a worker ends a streamed call in one round trip instead of an EMIT and a FINISH.
         """
         k = self.keys
         field, value = encode(event) if event is not None else (b"", b"")
         ok = await self._finish(
             keys=[k.line, k.inflight, k.counters, k.completions, k.request(rid), k.result(rid)],
             args=[rid, outcome, owner, value, self.result_ttl_s, self.window_ms,
-                  prompt_tokens, completion_tokens, k.cancel_channel, field],
+                  prompt_tokens, completion_tokens, k.cancel_channel, field, last_chunk, last_model],
         )
         return _s(ok) or None
 

@@ -185,7 +185,10 @@ return lost
 
 # KEYS: line inflight counters completions req res
 # ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel event_field
-# (`event`: the value of the caller's end entry, `event_field` its field; see fleet.store.events)
+#       last_chunk last_model
+# (`event`: the value of the caller's end entry, `event_field` its field; see fleet.store.events;
+# `last_chunk`: a streamed call's last text, written just before its end, as EMIT writes a chunk,
+# so a worker ends a call in one round trip; '' for none)
 # Returns the state it ended the request from ('queued' or 'running'), or '' when
 # it had already ended or `owner` no longer holds it (or its hash is gone: a
 # `request_lost` event for the caller when a worker finishes it).
@@ -208,6 +211,13 @@ if ARGV[2] == 'completed' then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now - tonumber(ARGV[6])))
   redis.call('HINCRBY', KEYS[3], 'prompt_tokens', tonumber(ARGV[7]))
   redis.call('HINCRBY', KEYS[3], 'completion_tokens', tonumber(ARGV[8]))
+end
+if ARGV[11] ~= '' then
+  if ARGV[12] == '' then
+    redis.call('XADD', KEYS[6], '*', 'c', ARGV[11])
+  else
+    redis.call('XADD', KEYS[6], '*', 'c', ARGV[11], 'm', ARGV[12])
+  end
 end
 if ARGV[4] ~= '' then emit(KEYS[6], ARGV[10], ARGV[4], tonumber(ARGV[5])) end
 if f[1] == 'running' and ARGV[3] == '' then

@@ -70,3 +70,33 @@ async def test_a_frozen_redis_is_a_timeout_not_a_hang_and_blocking_reads_outlast
     finally:
         await clients.aclose()
         own.stop()
+
+
+async def test_commands_are_packed_by_hiredis_with_the_same_bytes_and_refusals(redis_url: str) -> None:
+    """The factory's asyncio clients pack in C (fleet.store.packing): the same RESP bytes redis-py
+    packs, so every command reads back what was written, and what redis-py refuses is refused alike."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from fleet.store.packing import HiredisPack
+
+    for wait in (None, 1.0):  # the plain pool and the bounded one
+        client = connect(redis_url, max_connections=4, wait_for_connection_s=wait)
+        pool = client.connection_pool
+        assert issubclass(pool.connection_class, HiredisPack)
+        conn = pool.make_connection()
+        args = ("XADD", b"k", "*", "n", 7, "f", 1.5, "s", "ünïcode", b"b", memoryview(b"mv"))
+        assert b"".join(conn.pack_command(*args)) == b"".join(Connection.pack_command(conn, *args))
+        assert conn.pack_command("CLIENT SETNAME", "x") == Connection.pack_command(conn, "CLIENT SETNAME", "x")
+        try:
+            await client.set("packing:k", "ünïcode")
+            assert (await client.get("packing:k")).decode() == "ünïcode"
+            await client.hset("packing:h", mapping={"i": 3, "f": 0.25})
+            assert await client.hmget("packing:h", ["i", "f"]) == [b"3", b"0.25"]
+            for bad in (True, None, {"a": 1}):
+                with pytest.raises(DataError):
+                    await client.set("packing:bad", bad)  # type: ignore[arg-type]
+            assert await client.get("packing:bad") is None
+        finally:
+            await client.delete("packing:k", "packing:h")
+            await client.aclose()

@@ -124,6 +124,30 @@ async def test_first_token_is_not_held_for_the_window(line: Line) -> None:
     await w.stop()
 
 
+async def test_a_first_token_or_a_close_cuts_no_other_streams_window(line: Line) -> None:
+    """Another call starting or ending writes that call's stream alone: the text of the calls in
+    mid-window keeps riding to the window's end, one chunk, not one chunk per start and end."""
+    w = StreamWriter(line, window_s=0.6)
+    a, b, c = await running(line, 3)
+    w.open(a.lease, a.rid, a.owner, a.attempt)
+    w.push(a.lease, Delta("a0 "))
+    await until(lambda: texts(line, a.rid), ["a0 "])  # a's first: at once; a window starts
+    w.push(a.lease, Delta("a1 "))  # in mid-window: waits for its end
+    w.open(b.lease, b.rid, b.owner, b.attempt)
+    w.push(b.lease, Delta("b0 "))  # b's first token: written at once ...
+    await until(lambda: texts(line, b.rid), ["b0 "], limit_s=0.5)
+    assert await texts(line, a.rid) == ["a0 "]  # ... alone: a's window runs on (read the moment b's is there)
+    w.open(c.lease, c.rid, c.owner, c.attempt)
+    w.push(c.lease, Delta("c0 "))
+    await asyncio.wait_for(w.close(c.lease), 0.5)  # c starts and ends: its stream alone, again
+    w.push(a.lease, Delta("a2 "))
+    assert await texts(line, a.rid) == ["a0 "]
+    await until(lambda: texts(line, a.rid), ["a0 ", "a1 a2 "])  # the window's end: one chunk
+    await asyncio.wait_for(w.close(a.lease), 1.0)
+    await asyncio.wait_for(w.close(b.lease), 1.0)
+    await w.stop()
+
+
 async def test_close_waits_for_the_last_token_then_the_final_event_follows(line: Line) -> None:
     [c] = await running(line)
     w = StreamWriter(line, window_s=0.2)
@@ -135,6 +159,35 @@ async def test_close_waits_for_the_last_token_then_the_final_event_follows(line:
     events = [decode(f) for _, f in await line.redis.xrange(line.keys.result(c.rid))]
     assert "".join(e.members()["delta"]["content"] for e in events[:-1]) == "abc"
     assert isinstance(events[-1], Done)
+    await w.stop()
+
+
+async def test_the_last_text_rides_in_the_finish_in_order_and_only_for_the_lease_holder(line: CountingLine) -> None:
+    """A worker ends a streamed call in one round trip: what is still buffered goes in its finish
+    (`rest` + `finish(last_chunk=...)`), after every chunk already written and before the end; a
+    finish whose lease is gone writes none of it."""
+    c, lost = await running(line, 2)
+    w = StreamWriter(line, window_s=5.0)  # the window never passes here: only `rest` can write the tail
+    w.open(c.lease, c.rid, c.owner, c.attempt, model="m1")
+    w.push(c.lease, Delta("a "))
+    await until(lambda: texts(line, c.rid), ["a "])  # the first text, written at once
+    for t in ("b ", "c"):
+        w.push(c.lease, Delta(t))
+    writes = line.writes
+    last, model = await asyncio.wait_for(w.rest(c.lease), 1.0)
+    assert (last, model) == (b'"delta":{"content":"b c"},"logprobs":null', "")  # the model went with "a "
+    assert await line.finish(c.rid, "completed", DONE, owner=c.owner, last_chunk=last, last_model=model)
+    assert line.writes == writes  # no EMIT for the tail: it went with the finish
+    events = [decode(f) for _, f in await line.redis.xrange(line.keys.result(c.rid))]
+    assert [e.members()["delta"]["content"] for e in events[:-1]] == ["a ", "b c"] and isinstance(events[-1], Done)
+    assert events[0].model == "m1"
+
+    w.open(lost.lease, lost.rid, lost.owner, lost.attempt, model="m1")
+    w.push(lost.lease, Delta("only"))  # its whole answer before its first write: the model rides along
+    last, model = await w.rest(lost.lease)
+    assert model == "m1" and b"only" in last
+    assert await line.finish(lost.rid, "completed", DONE, owner="someone-else", last_chunk=last) is None
+    assert await line.redis.xrange(line.keys.result(lost.rid)) == []  # not the lease holder: nothing written
     await w.stop()
 
 
