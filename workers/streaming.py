@@ -216,7 +216,7 @@ class StreamWriter:
 
     async def _write(self, batch: list[tuple[_Stream, bytes]]) -> None:
         """One EMIT round trip for `batch`; a stream whose lease is gone, or all of them on a Redis
-        error, keep the error for their next push or close."""
+        error, keep the error for their next push, close or rest."""
         for s, _ in batch:
             s.landed.clear()
         try:

@@ -183,6 +183,18 @@ end
 return lost
 """
 
+# A chunk's entry (fleet.store.events: field `c`, and `m` the engine's model when given, else ''),
+# as EMIT and FINISH (a streamed call's last text) write it.
+_CHUNK = """
+local function add_chunk(res, body, model)
+  if model == '' then
+    redis.call('XADD', res, '*', 'c', body)
+  else
+    redis.call('XADD', res, '*', 'c', body, 'm', model)
+  end
+end
+"""
+
 # KEYS: line inflight counters completions req res
 # ARGV: rid outcome owner event ttl_s window_ms prompt_tokens completion_tokens channel event_field
 #       last_chunk last_model
@@ -192,7 +204,7 @@ return lost
 # Returns the state it ended the request from ('queued' or 'running'), or '' when
 # it had already ended or `owner` no longer holds it (or its hash is gone: a
 # `request_lost` event for the caller when a worker finishes it).
-FINISH = CLOCK + _EVENT + """
+FINISH = CLOCK + _EVENT + _CHUNK + """
 local f = redis.call('HMGET', KEYS[5], 'state', 'owner')
 if not f[1] and ARGV[3] ~= '' then
   -- A worker finished a request whose hash is gone: a failover or a flush lost it under the
@@ -212,13 +224,7 @@ if ARGV[2] == 'completed' then
   redis.call('HINCRBY', KEYS[3], 'prompt_tokens', tonumber(ARGV[7]))
   redis.call('HINCRBY', KEYS[3], 'completion_tokens', tonumber(ARGV[8]))
 end
-if ARGV[11] ~= '' then
-  if ARGV[12] == '' then
-    redis.call('XADD', KEYS[6], '*', 'c', ARGV[11])
-  else
-    redis.call('XADD', KEYS[6], '*', 'c', ARGV[11], 'm', ARGV[12])
-  end
-end
+if ARGV[11] ~= '' then add_chunk(KEYS[6], ARGV[11], ARGV[12]) end
 if ARGV[4] ~= '' then emit(KEYS[6], ARGV[10], ARGV[4], tonumber(ARGV[5])) end
 if f[1] == 'running' and ARGV[3] == '' then
   -- Someone other than the owner ended it (cancel, deadline): abort it in the engine.
@@ -233,7 +239,7 @@ return f[1]
 # only while their writer still holds the lease, so a replica whose lease was reaped cannot
 # interleave its text with the next attempt's. Returns the positions of the entries whose
 # lease is gone.
-EMIT = SHEBANG + """
+EMIT = SHEBANG + _CHUNK + """
 local lost = {}
 for i = 3, #ARGV, 5 do
   local at = (i - 3) / 5 * 2 + 2
@@ -242,11 +248,7 @@ for i = 3, #ARGV, 5 do
   if f[1] == 'running' and f[2] == ARGV[i + 1] then
     if ARGV[i + 2] == '1' then redis.call('HSET', req, 'streamed', '1') end
     local res = KEYS[at + 1]
-    if ARGV[i + 4] == '' then
-      redis.call('XADD', res, '*', 'c', ARGV[i + 3])
-    else
-      redis.call('XADD', res, '*', 'c', ARGV[i + 3], 'm', ARGV[i + 4])
-    end
+    add_chunk(res, ARGV[i + 3], ARGV[i + 4])
     redis.call('EXPIRE', res, tonumber(ARGV[2]))
   else
     lost[#lost + 1] = (i - 3) / 5
