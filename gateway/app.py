@@ -26,16 +26,18 @@ from fleet.config import FleetConfig
 from fleet.store.connection import Clients
 from fleet.tasks import cancel_and_wait, stop_spawned
 from gateway.auth import KeyRing, require_status_reader
-from gateway.completions import HOT_PATHS
+from gateway.completions import HOT_PATHS, chat, completions
 from gateway.completions import router as completions_router
 from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, install_error_handlers
 from gateway.fleet_api import router as fleet_router
+from gateway.hot_paths import Endpoint, dispatch
 from gateway.models_api import router as models_router
 from gateway.observability import router as metrics_router
 from gateway.openapi import install_openapi
 from gateway.redis_loss import READY_PING_S, unavailable_error
 from gateway.request import ClientLeft, HeaderLimit
+from gateway.responses import create as create_response
 from gateway.responses import router as responses_router
 from gateway.state import Gateway
 from gateway.status import fleet_status
@@ -50,6 +52,23 @@ STATUS_BOUND_S = 3.0  # GET /v1/fleet/status reads every tier: a few round trips
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type=JSON, headers=headers)
+
+
+class GatewayApp(FastAPI):
+    """FastAPI, with the calls agents make (`POST` on `hot`) dispatched before its layers
+    (`gateway.hot_paths`); every other request goes through FastAPI as usual."""
+
+    def __init__(self, header_limit: int, **kw: Any) -> None:
+        super().__init__(docs_url=None, redoc_url=None, **kw)  # no docs pages: /openapi.json is the contract
+        self.header_limit = header_limit  # the head's bound, checked on the hot paths too
+        self.hot: dict[str, Endpoint] = {"/v1/chat/completions": chat, "/v1/completions": completions,
+                                         "/v1/responses": create_response}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and (endpoint := self.hot.get(scope["path"])):
+            await dispatch(self, endpoint, self.header_limit, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
@@ -78,7 +97,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
             await stop_spawned()
             await clients.aclose()
 
-    app = FastAPI(title="Fleet Gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(cfg.gateway.max_header_bytes, title="Fleet Gateway", lifespan=lifespan)
     install_error_handlers(app)  # every error typed, the framework's 404/405/422 included
     app.add_exception_handler(RedisError, _redis_unavailable)
     app.add_exception_handler(ClientLeft, _client_left)

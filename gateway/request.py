@@ -124,12 +124,17 @@ class HeaderLimit:
         self.limit = limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-            size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])  # "k: v\r\n"
-            if size > self.limit:
-                err = APIError(431, f"request headers of {size} bytes exceed the limit of {self.limit}",
-                               code="request_header_fields_too_large", headers={"connection": "close"})
-                await err.response()(scope, receive, send)
-                return
+        if scope["type"] == "http" and (err := head_too_large(scope, self.limit)) is not None:
+            await err.response()(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def head_too_large(scope: Any, limit: int) -> APIError | None:
+    """The typed 431 for a request head over `limit` bytes, else None."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])  # "k: v\r\n"
+    if size <= limit:
+        return None
+    return APIError(431, f"request headers of {size} bytes exceed the limit of {limit}",
+                    code="request_header_fields_too_large", headers={"connection": "close"})
