@@ -133,10 +133,15 @@ class Call:
             prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens, expected_output_tokens=output,
             place=fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
                              output_tokens=output, weight=weight)))
-        # Watched before it joins the line, so the reader takes the stream in while the enqueue runs.
-        self.watch = self.gw.results.watch(self.line, self.rid)
-        await self.ticket.enqueue(self.line, spec.payload(self.caller.name), self.chain,
-                                  affinity=affinity_key(self.chain, spec.prefix))
+        # Watched before it joins the line, so the reader takes the stream in while the enqueue runs
+        # (which rings the reader itself when its read in flight must be told: `Watch.wake`).
+        self.watch = watch = self.gw.results.watch(self.line, self.rid, ring=False)
+        try:
+            await self.ticket.enqueue(self.line, spec.payload(self.caller.name), self.chain,
+                                      affinity=affinity_key(self.chain, spec.prefix), wake=watch.wake)
+        except BaseException:
+            watch.ring_apart()
+            raise
         self.events = events(self.watch, self.line, self.deadline_at)
 
     async def next(self) -> Event:

@@ -8,10 +8,12 @@ Per tier, not across tiers: a tier's keys share one hash tag, so one XREAD touch
 one slot and still runs on Redis Cluster.
 
 A call that starts watching while that XREAD is blocked is not in it yet. So the
-watch rings the tier's wake stream (one XADD, several new calls in one go share it):
-the XREAD returns and the next one includes the new stream, read from its start,
-so nothing written meanwhile is missed. The wake stream is this process's own key
-(`res:~gw-<id>`, trimmed to one entry, with the result TTL).
+tier's wake stream is rung (one XADD, several new calls in one go share it): the XREAD
+returns and the next one includes the new stream, read from its start, so nothing
+written meanwhile is missed. The wake stream is this process's own key (`res:~gw-<id>`,
+trimmed to one entry, with the result TTL). A call about to join the line rings it in
+its enqueue's own script (`Watch.wake`, `Line.enqueue(wake=...)`): its result cannot come
+before it joins, and the gateway saves a round trip a call.
 
 A read costs the gateway and Redis time in proportion to the streams it names, however
 few have news. So with many calls open the reader paces itself: the next read starts no
@@ -50,7 +52,7 @@ _RETRY_AFTER_ERROR_S = 0.1
 class Watch:
     """One call's view of its result stream: `await next(timeout)` gives its events in order."""
 
-    __slots__ = ("_ready", "_tier", "error", "events", "key", "last", "rid")
+    __slots__ = ("_ready", "_tier", "error", "events", "key", "last", "rid", "wake")
 
     def __init__(self, tier: _Tier, rid: str, key: bytes) -> None:
         self._tier = tier
@@ -60,6 +62,8 @@ class Watch:
         self.events: deque[Event] = deque()
         self.error: BaseException | None = None
         self._ready: asyncio.Future[None] | None = None  # set while the call waits
+        # The reader's wake stream, when this call's enqueue is to ring it (`watch(..., ring=False)`).
+        self.wake: bytes | None = None
 
     async def next(self, timeout_s: float) -> Event | None:
         """The next event, or None when `timeout_s` passes first. Raises the reader's Redis error."""
@@ -88,6 +92,13 @@ class Watch:
         """Stop watching (the call ended); idempotent."""
         self._tier.watches.pop(self.key, None)
 
+    def ring_apart(self) -> None:
+        """The enqueue that was to ring the reader did not run: ring it with a command of its own,
+        so the other calls that joined this read are not left to its block's end."""
+        if self.wake is not None:
+            self.wake = None
+            spawn(self._tier._ring())
+
     def _wake(self) -> None:
         if self._ready is not None:
             _settle(self._ready)
@@ -111,14 +122,17 @@ class _Tier:
         self.rung = False  # ... and has done so for this XREAD
         self.task: asyncio.Task[None] | None = None
 
-    def watch(self, rid: str) -> Watch:
+    def watch(self, rid: str, ring: bool) -> Watch:
         w = Watch(self, rid, self.line.keys.result(rid).encode())
         self.watches[w.key] = w
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run(), name=f"results-{self.line.tier}")
         elif self.reading and not self.rung:
             self.rung = True
-            spawn(self._ring())
+            if ring:
+                spawn(self._ring())
+            else:
+                w.wake = self.wake_key
         return w
 
     async def _ring(self) -> None:
@@ -182,11 +196,13 @@ class ResultReader:
         self.id = uuid.uuid4().hex[:12]
         self._tiers: dict[str, _Tier] = {}
 
-    def watch(self, line: Line, rid: str) -> Watch:
+    def watch(self, line: Line, rid: str, *, ring: bool = True) -> Watch:
+        """Watch `rid`'s result stream. `ring` False: a read in flight that must be rung to take it in
+        is left to the call's enqueue (`Watch.wake`; `Watch.ring_apart` if the enqueue fails)."""
         tier = self._tiers.get(line.tier)
         if tier is None:
             tier = self._tiers[line.tier] = _Tier(self, line)
-        return tier.watch(rid)
+        return tier.watch(rid, ring)
 
     @property
     def open_calls(self) -> int:

@@ -97,7 +97,8 @@ class Ticket:
     reservations: list[Reservation] = field(default_factory=list)
     closed: bool = False
 
-    async def enqueue(self, line: Line, payload: bytes, chain: str = "", *, affinity: str = "") -> int:
+    async def enqueue(self, line: Line, payload: bytes, chain: str = "", *, affinity: str = "",
+                      wake: bytes | None = None) -> int:
         """Join the line and drop the being-admitted mark in one step (the line now counts it).
 
         If this fails the request may still have joined (a frozen Redis runs the
@@ -105,7 +106,7 @@ class Ticket:
         which also ends this ticket; the being-admitted mark expires by itself."""
         return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
                                   admitting=(self.admitting_key, self.member), ack=self.ack, affinity=affinity,
-                                  place=self.req.place)
+                                  place=self.req.place, wake=wake)
 
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.

@@ -160,7 +160,8 @@ class Line(LineResults):
 
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
                       chain: str = "", admitting: tuple[str, str] | None = None, *,
-                      ack: Ack | None = None, affinity: str = "", place: Place | None = None) -> int:
+                      ack: Ack | None = None, affinity: str = "", place: Place | None = None,
+                      wake: bytes | None = None) -> int:
         """Join the line; returns the absolute deadline on the Redis clock.
 
         `admitting` (key, member): the admission mark this request held, dropped in the same
@@ -169,13 +170,14 @@ class Line(LineResults):
         A gateway's line records the call under its `caller` (`fleet.store.callers`); `affinity`:
         its prefix key, which affine claims prefer on the replica that holds it (`fleet.store.affinity`).
         `place`: its flow in a fair tier (`fleet.store.flows`); None: by arrival within its class (fifo).
+        `wake`: a result reader's wake stream (`reader_wake_key`) rung in the same step.
         """
         k, fair = self.keys, place or Place("", 0, 1.0)
         keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *fair.keys(k, int(priority)),
-                *(admitting[:1] if admitting else ())]
+                *(admitting[:1] if admitting else ()), *((wake,) if wake else ())]
         args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
                            self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS,
-                           place.cost if place else "", fair.half_ms, affinity]
+                           place.cost if place else "", fair.half_ms, affinity, "1" if wake else ""]
         if ack is None or ack.replicas <= 0 or not await self.replicas.known():
             deadline, _ = await self._enqueue(keys=keys, args=args)
             return int(deadline)

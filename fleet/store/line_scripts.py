@@ -64,13 +64,16 @@ local function retire(req, rid, outcome, ttl)
 end
 """
 
-# KEYS: line seq bell counters arrivals req flow_clock flow [admitting]
+# KEYS: line seq bell counters arrivals req flow_clock flow [admitting] [reader wake]
 # ARGV: rid rank payload deadline_rel_ms priority chain ttl_s window_ms admitting_member gateway lease_ms
 #       cost half_ms [prefix key]
 # (admitting_member '' without the admitting key; gateway '' for no caller's record: `MARK`).
 # `cost` '' places the call by arrival (fifo); else by its flow's start tag (`fleet.store.flows`):
 # the flow's record becomes start + cost, kept ten half-lives past the call's deadline.
 # ARGV[14], optional: the call's prefix key (`fleet.store.affinity`), kept as `aff` (12 and 13: the fair line's).
+# ARGV[15], optional: '1' when the last key is a gateway's result-reader wake stream to ring
+# (`fleet.store.line_results`): a reader blocked in a read that does not name this call's stream yet
+# reads again, with it, in the same step as the call joins, not one round trip of its own later.
 # Returns {deadline_ms, now_ms} on the Redis clock.
 ENQUEUE = CLOCK + MARK + FLOW_START + """
 local seq = redis.call('INCR', KEYS[2])
@@ -97,7 +100,11 @@ redis.call('HINCRBY', KEYS[4], 'accepted', 1)
 redis.call('ZADD', KEYS[5], n2s(now), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - tonumber(ARGV[8])))
 -- The gateway's "being admitted" mark: the line counts the request from now on.
-if KEYS[9] then redis.call('ZREM', KEYS[9], ARGV[9]) end
+if ARGV[9] ~= '' then redis.call('ZREM', KEYS[9], ARGV[9]) end
+if ARGV[15] == '1' then
+  redis.call('XADD', KEYS[#KEYS], 'MAXLEN', 1, '*', 'w', '1')
+  redis.call('EXPIRE', KEYS[#KEYS], tonumber(ARGV[7]))
+end
 return {n2s(deadline), n2s(now)}
 """
 

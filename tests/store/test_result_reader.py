@@ -11,6 +11,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
+from fleet.config import Priority
 from fleet.store.connection import connect
 from fleet.store.events import Chunk, Done, chunk_fields, encode
 from fleet.store.line import Line
@@ -104,3 +105,51 @@ async def test_a_wait_ends_at_its_timeout(setup) -> None:  # type: ignore[no-unt
     assert await w.next(0.3) is None
     assert 0.25 <= time.monotonic() - t0 < 2.0
     w.close()
+
+
+async def test_a_call_joining_during_a_blocked_read_is_rung_by_its_own_enqueue(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
+    line, reader, _, name = setup
+    first = reader.watch(line, uuid.uuid4().hex)  # the reader now blocks (up to 5 s) on this one
+    writer = Redis.from_url(redis_url)
+    try:
+        for _ in range(3):
+            await blocked_in(writer, f"{name}:blocking", "xread")
+            rid = uuid.uuid4().hex
+            late = reader.watch(line, rid, ring=False)
+            assert late.wake is not None  # this call's enqueue is to ring the read in flight
+            also = reader.watch(line, uuid.uuid4().hex, ring=False)
+            assert also.wake is None  # one ring a read: the first joiner's
+            rung = await writer.xrevrange(late.wake, count=1)
+            await line.enqueue(rid, Priority.interactive, b"{}", 60_000, wake=late.wake)
+            # The ring went inside the enqueue's script (the reader's wake stream has a new entry).
+            assert (await writer.xrevrange(late.wake, count=1)) != rung
+            await write(writer, line, rid, done("late"))
+            t0 = time.monotonic()
+            assert await late.next(4.0) == done("late")
+            assert time.monotonic() - t0 < 2.0  # rung awake by the enqueue: not the 5 s block
+            late.close()
+            also.close()
+    finally:
+        first.close()
+        await writer.aclose()
+
+
+async def test_a_ring_left_to_an_enqueue_that_failed_is_rung_apart(setup, redis_url: str) -> None:  # type: ignore[no-untyped-def]
+    line, reader, _, name = setup
+    first = reader.watch(line, uuid.uuid4().hex)
+    writer = Redis.from_url(redis_url)
+    try:
+        await blocked_in(writer, f"{name}:blocking", "xread")
+        failed = reader.watch(line, uuid.uuid4().hex, ring=False)
+        rid = uuid.uuid4().hex
+        other = reader.watch(line, rid, ring=False)  # relies on the first joiner's ring
+        failed.ring_apart()  # its enqueue raised: the ring goes out on its own
+        failed.close()
+        await write(writer, line, rid, done("other"))
+        t0 = time.monotonic()
+        assert await other.next(4.0) == done("other")
+        assert time.monotonic() - t0 < 2.0
+        other.close()
+    finally:
+        first.close()
+        await writer.aclose()
