@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from fleet.config import Priority, TierConfig
-from fleet.policy import RunningRequest, WaitingRequest, choose_victim, claim_caps
+from fleet.policy import RunningRequest, WaitingRequest, choose_victim, claim_caps, preemptible_below
 from fleet.store.line import Claimed, Line
 
 
@@ -76,21 +76,30 @@ class Preemptor:
             return None
         return claim_caps(concurrency, [a.rank for a in self.attempts.values()], self.reserved)
 
+    def running(self, active: dict[str, asyncio.Task[None]]) -> list[RunningRequest]:
+        """What runs here, as the victim choice sees it (not the attempts already preempted)."""
+        return [RunningRequest(rid, a.rank, a.progress, a.sent, a.preemptions, a.started)
+                for rid, a in self.attempts.items() if rid in active and a.lease not in self.preempted]
+
+    def could_preempt(self, active: dict[str, asyncio.Task[None]]) -> bool:
+        """Anything running here may still be preempted (`fleet.policy.preemptible_below`): while
+        not, a full replica has nothing to poll the line for until a slot frees."""
+        return preemptible_below(self.running(active), max_preemptions=self.settings.max_preemptions) is not None
+
     async def check(self, concurrency: int, active: dict[str, asyncio.Task[None]]) -> bool:
         """Full: preempt one running request for the highest class waiting, if the policy says so.
 
         Returns True when a victim was preempted and its task has ended (its slot is free).
         """
-        if not self.attempts:
+        running = self.running(active)
+        below = preemptible_below(running, max_preemptions=self.settings.max_preemptions)
+        if below is None:  # nothing here may be preempted: no round trip to look
             return False
-        lowest = max(a.rank for a in self.attempts.values())  # only a class above it could preempt here
-        waiter = await self.line.peek_waiter(lowest, stale_s=self.stale_s)
+        waiter = await self.line.peek_waiter(below, stale_s=self.stale_s)  # only a class above could
         if waiter is None:
             return False
         caps = self.caps(concurrency)
         free = caps[waiter.rank] if caps else concurrency - len(active)
-        running = [RunningRequest(rid, a.rank, a.progress, a.sent, a.preemptions, a.started)
-                   for rid, a in self.attempts.items() if rid in active and a.lease not in self.preempted]
         victim = choose_victim(running, WaitingRequest(waiter.rank, waiter.waited_s), free_for_waiter=free,
                                max_preemptions=self.settings.max_preemptions,
                                min_wait_s=self.settings.min_wait_ms / 1000)

@@ -179,7 +179,9 @@ class Worker:
             free = self.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
-                if not self.preemptor.enabled:
+                if not self.preemptor.enabled or not self.preemptor.could_preempt(self.active):
+                    # Nothing here may be preempted (each call has streamed, or used its
+                    # preemptions), and that holds until a slot frees: no poll finds a victim.
                     await self._slot_freed.wait()
                     continue
                 # Full: look for a higher class waiting each poll (docs/preemption.md).

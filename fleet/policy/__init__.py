@@ -72,7 +72,7 @@ from fleet.policy.observation import (
     waiting,
 )
 from fleet.policy.plan import PlanInput, PlanState, TierPlan, plan_tier, with_start_timeout, with_startup
-from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps
+from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps, preemptible_below
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims, start_timeout_s, wedged
 from fleet.policy.rollout import (
@@ -177,6 +177,7 @@ __all__ = [
     "p99",
     "plan_tier",
     "predicted_wait_s",
+    "preemptible_below",
     "prewarm_lead_s",
     "projected_spend",
     "queue_wait_s",

@@ -54,11 +54,24 @@ def choose_victim(running: Iterable[RunningRequest], waiter: WaitingRequest, *, 
     """
     if free_for_waiter > 0 or waiter.waited_s < min_wait_s:
         return None
-    candidates = [r for r in running
-                  if r.rank > waiter.rank and not r.sent and r.preemptions < max_preemptions]
+    candidates = [r for r in running if r.rank > waiter.rank and _preemptible(r, max_preemptions)]
     if not candidates:
         return None
     return min(candidates, key=lambda r: (-r.rank, r.progress, -r.started))
+
+
+def preemptible_below(running: Iterable[RunningRequest], *, max_preemptions: int) -> int | None:
+    """The rank a waiter must be above (a lower number) to find a victim among `running`, or None
+    when nothing running may be preempted at all (each has sent to its caller, or used its
+    preemptions). While a full replica's answer is None, looking at the line cannot find it a
+    victim, and it cannot change before a slot frees: nothing runs that has not sent yet, and
+    nothing new starts on a full replica."""
+    ranks = [r.rank for r in running if _preemptible(r, max_preemptions)]
+    return max(ranks) if ranks else None
+
+
+def _preemptible(r: RunningRequest, max_preemptions: int) -> bool:
+    return not r.sent and r.preemptions < max_preemptions
 
 
 def claim_caps(slots: int, running_ranks: Iterable[int], reserved: Mapping[int, int]) -> tuple[int, ...]:

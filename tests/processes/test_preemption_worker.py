@@ -254,3 +254,43 @@ async def test_a_stream_that_has_sent_tokens_is_never_preempted(redis: Redis) ->
 
 async def _all_streamed(redis: Redis, line: Line, rids: list[str]) -> bool:
     return all([await redis.hget(line.keys.request(r), "streamed") == b"1" for r in rids])
+
+
+async def test_a_full_replica_whose_calls_all_streamed_does_not_poll_the_line(redis: Redis) -> None:
+    """Streamed calls are never victims, so once each running call has streamed, no look at the line
+    can find a victim until a slot frees: the replica waits for one instead of polling every 20 ms.
+    The committed call is not preempted for, and is served once a slot frees."""
+    cfg = _cfg(max_preemptions=1)
+    line = Line(redis, cfg.namespace, TIER)
+    async with _replicas(cfg, redis, 1) as (worker,):
+        peeks = 0
+        peek = worker.preemptor.line.peek_waiter
+
+        async def counted(*a: object, **kw: object) -> object:
+            nonlocal peeks
+            peeks += 1
+            return await peek(*a, **kw)  # type: ignore[arg-type]
+
+        worker.preemptor.line.peek_waiter = counted  # type: ignore[method-assign]
+        bg = []
+        for _ in range(2):  # both slots, streamed, ~2 s each
+            rid = uuid.uuid4().hex
+            await line.enqueue(rid, Priority.background, call_payload("p" * 40, 400, stream=True, ignore_eos=True),
+                               60_000)
+            bg.append(rid)
+        await _until(lambda: _all_streamed(redis, line, bg), "both background calls streaming")
+        before = peeks
+        t0 = time.monotonic()
+        (com,) = await _put(line, Priority.committed, 8)
+        ended = await _done_at(redis, line, [com, *bg])
+        waited = ended[com] - t0
+        assert waited > 0.5, "the committed call waited for a slot (else the check below says nothing)"
+        assert peeks == before, f"{peeks - before} looks at the line while nothing running could be preempted"
+        assert min(ended[b] for b in bg) <= ended[com]  # served once a slot freed, not by preempting
+        assert (await _outcome(redis, line, com))[0] == "completed"
+        for b in bg:
+            assert (await _outcome(redis, line, b))[0] == "completed"
+
+
+async def _all_streamed(redis: Redis, line: Line, rids: list[str]) -> bool:
+    return all([await redis.hget(line.keys.request(r), "streamed") == b"1" for r in rids])
