@@ -3,8 +3,8 @@
 So a call is served exactly as `vllm serve` serves it for the same model and flags: the
 same chat template, tool-call parser (`tool_choice` auto, required, named, none), reasoning
 parser, structured outputs (`response_format`, guided decoding) and logprobs, by the same
-code. The tier's `vllm:` settings become `vllm serve` flags (`serve_argv`), parsed by
-vLLM's own argument parser, so its defaults are vLLM's; `serve_args` passes any other flag.
+code. The tier's `vllm:` settings become `vllm serve` flags, parsed by vLLM's own argument
+parser (`workers.engines.vllm_args`), so its defaults are vLLM's; `serve_args` passes any other flag.
 
 vLLM is imported inside `start()`, so importing this module never needs it (the gateway
 and the sim-only tests run without it).
@@ -36,6 +36,7 @@ from fleet.config import VllmSettings
 from fleet.prompt_size import estimate_prompt_tokens
 from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
+from workers.engines.vllm_args import parse_serve_args, serve_argv  # noqa: F401  serve_argv: re-exported
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -61,29 +62,6 @@ def apply_env_defaults() -> None:
     # An empty VLLM_CPU_KVCACHE_SPACE crashes vLLM's CPU platform; unset it.
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE", None) == "":
         del os.environ["VLLM_CPU_KVCACHE_SPACE"]
-
-
-def serve_argv(s: VllmSettings) -> list[str]:
-    """The tier's settings as `vllm serve` flags. Each request's priority is its class: when a slot
-    frees, or KV runs short, vLLM serves committed work first (`--scheduling-policy priority`); it
-    never evicts a running request for a waiting one on its own, the worker preempts through
-    `abort` (docs/preemption.md)."""
-    argv = ["--model", s.model, "--max-num-seqs", str(s.max_num_seqs), "--max-model-len", str(s.max_model_len),
-            "--gpu-memory-utilization", str(s.gpu_memory_utilization),
-            "--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype,
-            "--scheduling-policy", "priority", "--disable-log-stats"]
-    for flag, value in (("--tokenizer", s.tokenizer), ("--served-model-name", s.served_model_name),
-                        ("--tool-call-parser", s.tool_call_parser), ("--reasoning-parser", s.reasoning_parser),
-                        ("--chat-template", s.chat_template)):
-        if value:
-            argv += [flag, value]
-    if s.kv_cache_memory_bytes:
-        argv += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
-    if s.enforce_eager:
-        argv.append("--enforce-eager")
-    if s.tool_call_parser and s.enable_auto_tool_choice:
-        argv.append("--enable-auto-tool-choice")
-    return argv + list(s.serve_args)
 
 
 class VllmEngine:
@@ -169,33 +147,18 @@ class VllmEngine:
     def _serve_args(self) -> Any:
         """The tier's flags through vLLM's own `vllm serve` parser: vLLM's defaults, vLLM's checks."""
         try:
-            from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
             from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
             from vllm.entrypoints.openai.completion.protocol import CompletionRequest
             from vllm.entrypoints.serve.engine.protocol import ErrorResponse
             from vllm.exceptions import VLLMValidationError
             from vllm.sampling_params import RequestOutputKind
-            from vllm.utils.argparse_utils import FlexibleArgumentParser
             from vllm.v1.engine.exceptions import EngineDeadError
         except ImportError as e:
             raise EngineError(f"vLLM is not installed: {e}", "engine_start_failed", "vllm_missing") from e
         self._vllm = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "ErrorResponse": ErrorResponse,
                       "EngineDeadError": EngineDeadError, "RequestOutputKind": RequestOutputKind,
                       "refused": (VLLMValidationError, ValueError, TypeError, KeyError)}
-        argv = serve_argv(self.settings)
-        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-
-        def refuse(message: str) -> None:  # argparse would print and exit: say which flag instead
-            raise ValueError(message)
-
-        parser.error = refuse  # type: ignore[method-assign]
-        try:
-            args = parser.parse_args(argv)
-            validate_parsed_serve_args(args)
-        except Exception as e:
-            raise EngineError(f"the tier's vllm settings are not valid `vllm serve` flags ({' '.join(argv)}): {e}",
-                              "engine_config_error", "bad_settings") from None
-        return args
+        return parse_serve_args(self.settings)
 
     def _read_limits(self, engine: AsyncLLM) -> None:
         self.max_model_len = engine.model_config.max_model_len
