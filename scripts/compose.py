@@ -1,7 +1,7 @@
 """`make compose-up` / `make compose-down` on a machine without a GPU.
 
     python scripts/compose.py up      # daemon, images, compose.yml + compose.cpu.yml, /readyz, a first call
-    python scripts/compose.py down    # the stack, the scaler's worker containers, then the private daemon
+    python scripts/compose.py down    # the stack, the scaler's worker containers, then the private daemon (if used)
 
 The daemon comes from scripts/dockerhost.py (DOCKER_HOST, /var/run/docker.sock, else a private one).
 The ports and the namespace are the variables docker-compose.cpu.yml names (FLEET_GATEWAY_PORT, ...).
@@ -173,10 +173,15 @@ def _up() -> None:
 
 
 def _down() -> None:
+    """The stack, then the daemon only when it is this checkout's private one: a daemon the user
+    runs (DOCKER_HOST, /var/run/docker.sock) serves more than this stack and stays up."""
     host = dockerhost.resolve()
     down(stack_env(host))
     print(f"no worker container left: {not workers(stack_env(host))}")
-    dockerhost.stop_private()
+    if host == dockerhost.PRIVATE_HOST:
+        dockerhost.stop_private()
+    else:
+        print(f"the daemon at {host} is not this checkout's own: left running")
 
 
 def main(argv: list[str]) -> int:

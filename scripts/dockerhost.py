@@ -12,7 +12,8 @@ cached between runs on one machine; only one private daemon runs per machine, an
 checkout uses the one already answering (its socket is recorded in the data root).
 
 No registry is needed: the base image is made from Debian's packages with debootstrap and
-`docker import`, tagged with a hash of what goes into it, so a second run reuses it.
+`docker import`, tagged with a hash of what goes into it, so a second run reuses it. It is made in
+FLEET_DOCKER_ROOT/tmp whichever daemon answers (the folder is created when missing), as root.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STATE = Path(os.environ.get("FLEET_DOCKER_ROOT", "/var/lib/fleet-docker"))
 SOCK = ROOT / ".docker" / "docker.sock"
+PRIVATE_HOST = f"unix://{SOCK}"
 PIDFILE = ROOT / ".docker" / "dockerd.pid"
 LOG = ROOT / ".docker" / "dockerd.log"
 # Debian release and packages of the base image: python for the fleet, redis-server for compose's
@@ -88,7 +90,7 @@ def start_private() -> str:
     ensure_installed()
     SOCK.parent.mkdir(exist_ok=True)
     (STATE / "data").mkdir(parents=True, exist_ok=True)
-    host = f"unix://{SOCK}"
+    host = PRIVATE_HOST
     if answers(host):
         return host
     SOCK.unlink(missing_ok=True)
@@ -150,6 +152,18 @@ def base_key() -> str:
     return h.hexdigest()[:12]
 
 
+def scratch_dir() -> Path:
+    """Where the base image's rootfs is made: FLEET_DOCKER_ROOT/tmp, created when missing. A daemon
+    the user already runs never made the data root (only the private daemon's start does), and /tmp
+    is often a small tmpfs or noexec, where debootstrap's chroot fails."""
+    if os.geteuid() != 0:  # debootstrap makes device nodes and chroots: root only
+        raise SystemExit(f"dockerhost: making the base image {BASE_REPO}:{base_key()} needs root (debootstrap): "
+                         "run `make images` once as root (`sudo -E make images` keeps DOCKER_HOST)")
+    d = STATE / "tmp"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def base_image(host: str) -> str:
     """`fleet-base:<key>` (also tagged fleet-base:latest), made with debootstrap when missing."""
     tag = f"{BASE_REPO}:{base_key()}"
@@ -158,8 +172,9 @@ def base_image(host: str) -> str:
         log(f"base image {tag} cached")
         return tag
     t0 = time.monotonic()
+    scratch = scratch_dir()
     ensure_installed()
-    with tempfile.TemporaryDirectory(dir=STATE) as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         rootfs = Path(tmp) / "rootfs"
         log(f"debootstrap {SUITE} with {', '.join(PACKAGES)} (about a minute)")
         subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
@@ -196,7 +211,7 @@ def build(host: str, dockerfile: str, tag: str, base: str, *extra: str) -> None:
 def images(host: str) -> None:
     base = base_image(host)
     build(host, "Dockerfile", "fleet-gateway:latest", base)
-    if host == f"unix://{SOCK}":  # our own daemon: the images a rebuild replaced take disk (vfs: whole copies)
+    if host == PRIVATE_HOST:  # our own daemon: the images a rebuild replaced take disk (vfs: whole copies)
         docker(host, "image", "prune", "-f", check=False, capture_output=True)
 
 
