@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from fleet.classes import CLASSES, Affinity, FairLine, Preemption, Priority, Replication, per_class_positive
+from fleet.clock_config import ClientClock
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -289,6 +290,7 @@ class FleetConfig(BaseSettings):
     responses: ResponsesStore = Field(default_factory=ResponsesStore)  # POST /v1/responses' stored state
     replication: Replication = Field(default_factory=Replication)  # enqueues a replica acknowledged
     fair_line: FairLine = Field(default_factory=FairLine)  # how a fair tier shares a class among flows
+    client_clock: ClientClock = Field(default_factory=ClientClock)  # the SDK's timeout and retries, read
     gpus: list[GpuInventory] = Field(default_factory=list)
 
     @classmethod

@@ -14,6 +14,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 REQUESTS = Counter("fleet_requests", "Every response by outcome: the line's (completed, expired, cancelled, failed, "
                    "unavailable) and refusals before it (shed, refused, unavailable).", ["tier", "priority", "outcome"])
+RETRIES = Counter("fleet_retries", "Calls kept for their SDK's retry and attempts judged as retries, by result: "
+                  "parked (its client left; kept for a retry), joined (a retry took over the call still running), "
+                  "abandoned (no retry came within the grace), budget_refused (the retry budget was spent).",
+                  ["tier", "result"])
+DEADLINES = Counter("fleet_deadline_source", "Calls by where their deadline came from: header (X-Deadline-Ms), "
+                    "client (the SDK's own timeout and retries), default.", ["tier", "source"])
 SHED = Counter("fleet_shed", "Requests refused at admission, by reason.", ["tier", "priority", "reason"])
 TTFT = Histogram("fleet_ttft_seconds", "Time to first token, measured by the worker.", ["tier"],
                  buckets=LATENCY_BUCKETS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,12 +46,13 @@ from fleet.policy import (
 )
 from fleet.policy.fairness import fair_line
 from fleet.policy.replicas import NO_REPLICAS
-from fleet.store.admitting import Admitting
+from fleet.store.admitting import Admitting, Gated, RetryBudget
 from fleet.store.capacity import read_calibration
 from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
 from fleet.store.replication import Ack
+from fleet.store.retries import JOINED, OTHER_BODY
 from fleet.tasks import cancel_and_wait, spawn
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
@@ -80,6 +82,28 @@ class TierView:
     replicas: Replicas = NO_REPLICAS
 
 
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """This attempt took over `rid`, the call an earlier attempt of it started and left."""
+
+    rid: str
+
+
+def gated(g: Gated, req: AdmissionRequest) -> Joined:
+    """The retry gate's answer: the call taken over, or the typed refusal (the retry budget spent:
+    429 with `x-should-retry: false`; an Idempotency-Key with another body: 422)."""
+    if g.verdict == JOINED:
+        return Joined(g.rid)
+    if g.verdict == OTHER_BODY:
+        raise APIError(422, "this Idempotency-Key was sent with another body by a call still kept for its retry; "
+                       "a retry must send the same body, a new call a new key", param="Idempotency-Key",
+                       code="idempotency_key_reused")
+    metrics.RETRIES.labels(req.tier, "budget_refused").inc()
+    raise refusal("retry_budget_exhausted", f"the tier {req.tier!r} is spending its retry budget: retries that "
+                  "join no call still running are admitted up to a share of first attempts "
+                  "(client_clock.retry_budget); this retry is not", req, 1, final=True)
+
+
 class Admission:
     def __init__(self, cfg: FleetConfig, redis: Redis, lines: dict[str, Line]) -> None:
         self.cfg = cfg
@@ -92,6 +116,8 @@ class Admission:
         self.steps: list[ReservationStep] = [RateLimitStep(cfg, redis), KeyBudgetStep(cfg, redis)]
         self.views: dict[str, TierView] = {t: TierView(tier_capacity(tc)) for t, tc in cfg.tiers.items()}
         self.admitting = Admitting(redis)
+        b = cfg.client_clock.retry_budget
+        self.retry_budget = RetryBudget(b.ratio, max(1, math.ceil(b.window_s)), b.min_per_s)
         self._task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---
@@ -126,8 +152,10 @@ class Admission:
 
     # --- the sequence ---
 
-    async def admit(self, req: AdmissionRequest) -> Ticket:
-        """Run the reservation steps and the tier decision; a Ticket, or the typed 429."""
+    async def admit(self, req: AdmissionRequest) -> Ticket | Joined:
+        """Run the reservation steps and the tier decision; a Ticket, the call a retry took over
+        (`Joined`: what was reserved for it is given back, the call it joined holds its own), or
+        the typed 429."""
         taken: list[Reservation] = []
         try:
             for step in self.steps:
@@ -135,6 +163,9 @@ class Admission:
                 if r is not None:
                     taken.append(r)
             ticket = await self._tier_decision(req)
+            if isinstance(ticket, Joined):
+                await end_all(taken, None)
+                return ticket
         except APIError as e:
             await end_all(taken, None)
             if e.status == 429:  # its outcome (shed) is counted by its `Call`
@@ -148,30 +179,38 @@ class Admission:
         ticket.reservations = taken
         return ticket
 
-    async def _tier_decision(self, req: AdmissionRequest) -> Ticket:
+    async def _tier_decision(self, req: AdmissionRequest) -> Ticket | Joined:
         """The tier's admission decision on one round trip's view (marking this call as being
-        admitted) and the cached replicas and capacity; a Ticket, or the typed 429."""
+        admitted) and the cached replicas and capacity; a Ticket, or the typed 429. First the
+        retry gate: the call this attempt takes over, or the retry budget's refusal."""
         tc = self.cfg.tiers[req.tier]
         k = self.keys[req.tier]
         member = f"{int(req.priority)}:{req.rid}"
         window_s = self.cfg.rate_window_s
         snap = await self.admitting.observe_and_mark(k, self.lines[req.tier].prefix, member, int(window_s * 1000),
-                                                     (int(req.priority), req.place) if req.place else None)
+                                                     (int(req.priority), req.place) if req.place else None,
+                                                     req.attempt, self.retry_budget)
+        if isinstance(snap, Gated):
+            return gated(snap, req)
         view = self.views[req.tier]
         # In a fair tier only what the line will put before it counts, not its whole class.
         ahead = None if snap.ahead_in_class is None else snap.ahead_in_class + snap.admitting[req.priority]
         obs = observe_tier(
             req.tier, time.time(), window_s, line=fair_line(snap.line, req.priority, ahead),
-            completions_in_window=snap.completions_in_window,
+            in_flight=snap.in_flight, completions_in_window=snap.completions_in_window,
             busy_s=snap.busy_ms / 1000, completions_while_busy=snap.completions_while_busy, replicas=view.replicas,
             budget=BudgetSignal(snap.budget_exhausted, snap.budget_retry_at))
         decision = judge_admission(AdmissionInput.for_tier(
             obs, view.capacity, tc, req.priority, prompt_tokens=req.prompt_tokens,
-            output_tokens=req.expected_output_tokens, deadline_s=req.deadline_ms / 1000))
+            output_tokens=req.expected_output_tokens, deadline_s=req.clock.judged_ms / 1000,
+            first_token=req.clock.first_token,
+            patience_s=None if req.clock.patience_ms is None else req.clock.patience_ms / 1000,
+            opens_chain=req.opens_chain))
         if not decision.admitted:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)
-            raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s)
+            raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s,
+                          final=decision.final)
         rep = self.cfg.replication
         ack = Ack(rep.ack_replicas, rep.ack_timeout_ms) if rep.waits(req.priority.name) else None
         return Ticket(req, self.redis, k.admitting, member, k.request(req.rid), ack)

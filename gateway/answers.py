@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -39,9 +39,11 @@ class SSEResponse(StreamingResponse):
     client leaves, the watcher cancels it, which ends the stream the way Starlette's does (the
     generator's clean-up runs, the response returns)."""
 
-    def __init__(self, content: AsyncIterator[bytes], client: ClientWatch, headers: dict[str, str]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self.client = client
+    def __init__(self, content: AsyncGenerator[bytes, None], call: Call) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=call.headers)
+        self.client: ClientWatch = call.client
+        self.call = call
+        self.content = content
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         me = asyncio.current_task()
@@ -61,6 +63,12 @@ class SSEResponse(StreamingResponse):
             me.uncancel()  # the client left: the stream ended, as Starlette's task group ends it
         finally:
             state["done"] = True
+            # The response owns the call's end, however it stops: a generator left at a `yield`
+            # (cancelled in `send`) runs its own end when closed; one that never started (the
+            # client gone before the first byte) has none, so the call ends here as cancelled.
+            with anyio.CancelScope(shield=True):
+                await self.content.aclose()
+                await self.call.end("cancelled")
 
 
 def usage_of(ev: Done) -> Usage:
@@ -182,10 +190,10 @@ def stream(call: Call, first: Chunk | Done, render: Render | None = None) -> SSE
     call.streaming = True
     spec = call.spec
     render = render or _Chunks(spec.kind, call.rid, spec.body.model, call.created, spec.body.include_usage())
-    return SSEResponse(_sse(call, first, render), call.client, call.headers)
+    return SSEResponse(_sse(call, first, render), call)
 
 
-async def _sse(call: Call, first: Event, render: Render) -> AsyncIterator[bytes]:
+async def _sse(call: Call, first: Event, render: Render) -> AsyncGenerator[bytes, None]:
     """The call's server-sent events, as `render` writes them, ending the way it ends them."""
     end: tuple[str, Usage | None, bool] = ("cancelled", None, False)  # how the call ends (the client left)
     try:

@@ -29,7 +29,7 @@ from gateway.auth import KeyRing, require_status_reader
 from gateway.completions import HOT_PATHS, chat, completions
 from gateway.completions import router as completions_router
 from gateway.dashboard import router as dashboard_router
-from gateway.errors import APIError, install_error_handlers
+from gateway.errors import APIError, install_error_handlers, retry_headers
 from gateway.fleet_api import router as fleet_router
 from gateway.hot_paths import Endpoint, dispatch
 from gateway.models_api import router as models_router
@@ -125,7 +125,7 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
                 await gw.redis.ping()
         except Exception as e:
             return APIError(503, f"the fleet's Redis does not answer ({type(e).__name__})", "service_unavailable",
-                            code="redis_unavailable", headers={"Retry-After": "1"}).response()
+                            code="redis_unavailable", headers=retry_headers(1)).response()
         return _json({"status": "ready", "tiers": list(gw.cfg.tiers)})
 
     @app.get("/v1/models")
@@ -164,4 +164,4 @@ async def _redis_unavailable(_: Request, exc: Exception) -> Response:
     # trouble, not the caller's, and it passes; say so in a shape clients retry on.
     log.error("Redis unavailable: %s", exc)
     return APIError(503, f"the fleet's Redis is unavailable ({type(exc).__name__}); retry shortly",
-                    "service_unavailable", code="redis_unavailable", headers={"Retry-After": "1"}).response()
+                    "service_unavailable", code="redis_unavailable", headers=retry_headers(1)).response()

@@ -32,17 +32,21 @@ from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import Priority
+from fleet.policy.client_clock import CallClock
+from fleet.policy.retries import call_identity
 from fleet.prefix import affinity_key
+from fleet.store.admitting import Attempt
 from fleet.store.events import Chunk, Done, Event, Failed
 from fleet.tasks import spawn
-from gateway.admission import AdmissionRequest
+from gateway import retry_join
+from gateway.admission import AdmissionRequest, Joined
 from gateway.auth import Caller
 from gateway.call_spec import CallSpec, fair_place
 from gateway.client_watch import ClientGone, ClientWatch
-from gateway.errors import APIError, from_event
+from gateway.errors import APIError, from_event, retry_headers
 from gateway.observability import RequestRecorder
 from gateway.redis_loss import GRACE_S, UNAVAILABLE, end_in_line, unavailable_error
-from gateway.results import close_events, events
+from gateway.results import close_events, drop_soon, events
 from gateway.tickets import Ticket, Usage, outcome_of
 
 if TYPE_CHECKING:
@@ -59,9 +63,15 @@ class CallHeaders:
     """The fleet's own headers of a call, read and checked (`gateway.request`)."""
 
     priority: Priority
-    deadline_ms: int
+    clock: CallClock  # its deadline and where it came from (`fleet.policy.client_clock`)
     chain: str = ""
     flow: str = ""  # its flow within its class in a fair tier (`gateway.call_spec.call_flow`)
+    idempotency_key: str | None = None  # `Idempotency-Key`: its identity for a retry (`fleet.policy.retries`)
+    chain_deadline_ms: int | None = None  # `X-Chain-Deadline-Ms`: sets its chain's deadline if it has none
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.clock.deadline_ms
 
 
 class Call:
@@ -71,6 +81,7 @@ class Call:
                  rid: str | None = None) -> None:
         self.gw, self.spec, self.caller, self.client = gw, spec, caller, client
         self.priority, self.deadline_ms, self.chain = headers.priority, headers.deadline_ms, headers.chain
+        self.clock = headers.clock
         self.flow = headers.flow or f"key:{caller.name}"
         self.rid = rid or uuid.uuid4().hex
         self.line = gw.lines[spec.tier]
@@ -83,6 +94,16 @@ class Call:
         self.told: str | None = None  # the outcome its caller was told: set once, by `end`
         self.streaming = False  # handed to a stream, which ends it when it is done
         self.chain_open = False  # counted open in its chain's record: `end` closes it
+        self.chain_deadline_ms = headers.chain_deadline_ms
+        self.opens_chain = False  # its chain had no call served or open: shed before chains under way
+        # A call its SDK will retry can be taken over by the retry (`gateway.retry_join`): its identity.
+        cc = gw.cfg.client_clock
+        may_retry = headers.idempotency_key is not None or (self.clock.attempts_left or 0) > 0
+        self.retryable = cc.enabled and cc.retry_grace_s > 0 and may_retry
+        self.identity, self.digest = (call_identity(caller.name, spec.raw, headers.idempotency_key)
+                                      if self.retryable else ("", ""))
+        self.joined = False  # a retry reading the call an earlier attempt started (`follow`)
+        self.parked = False  # its client left; it waits for a retry (`gateway.retry_join`)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -108,8 +129,7 @@ class Call:
         try:
             async with asyncio.timeout_at(self.deadline_at + GRACE_S):
                 if self.chain:  # its chain is open while any of its calls is (fleet.store.chains)
-                    await self.gw.chains.start(self.chain, self.spec.tier, self.priority.name)
-                    self.chain_open = True
+                    await self._start_chain()
                 await self._join()
                 assert self.events is not None
                 first = await self.client.race(self.events.__anext__())
@@ -122,17 +142,45 @@ class Call:
             raise self._typed(from_event(first))
         return first
 
+    async def _start_chain(self) -> None:
+        """Count the call open in its chain: refused (409) while the chain is cancelled; judged on
+        the smaller of its own deadline and what is left of the chain's (`X-Chain-Deadline-Ms`,
+        the first call that sent one set it); a call of a chain under way is not a new chain's."""
+        got = await self.gw.chains.start(self.chain, self.spec.tier, self.priority.name, member=self.chain_member,
+                                         deadline_ms=self.chain_deadline_ms, owner=self.caller.name)
+        if got.cancelled_for_ms is not None:
+            raise APIError(409, f"chain {self.chain!r} was cancelled (DELETE /v1/fleet/chains/{{id}}); its new calls "
+                           "are refused for a while", "invalid_request_error", param="X-Chain-Id",
+                           code="chain_cancelled", headers=retry_headers(got.cancelled_for_ms / 1000, False))
+        self.chain_open = True
+        self.opens_chain = not got.under_way
+        if got.left_ms is not None and got.left_ms < self.deadline_ms:
+            self.clock = self.clock.bounded(got.left_ms)
+            self.deadline_ms = self.clock.deadline_ms
+            self.deadline_at = asyncio.get_running_loop().time() + self.deadline_ms / 1000
+
+    @property
+    def chain_member(self) -> str:
+        return f"{self.spec.tier}|{self.rid}"
+
     async def _join(self) -> None:
         """Admission (rate limits, budgets, the tier's drain and the deadline: a typed 429 with
         Retry-After, or a ticket), then the watch, then the line."""
         spec = self.spec
         output = self.gw.admission.views[spec.tier].capacity.output_estimate(spec.explicit_max_tokens)
         weight = self.caller.key.weight if self.caller.key else 1.0
-        self.ticket = await self.gw.admission.admit(AdmissionRequest(
+        metrics.DEADLINES.labels(spec.tier, self.clock.source).inc()
+        attempt = Attempt(self.identity, self.digest, retry=self.clock.retry, taken_ms=self.deadline_ms)
+        got = await self.gw.admission.admit(AdmissionRequest(
             rid=self.rid, caller=self.caller, tier=spec.tier, priority=self.priority, deadline_ms=self.deadline_ms,
-            prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens, expected_output_tokens=output,
+            clock=self.clock, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
+            expected_output_tokens=output, attempt=attempt, opens_chain=self.opens_chain,
             place=fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
                              output_tokens=output, weight=weight)))
+        if isinstance(got, Joined):
+            self.follow(got.rid)
+            return
+        self.ticket = got
         # Watched before it joins the line, so the reader takes the stream in while the enqueue runs
         # (which rings the reader itself when its read in flight must be told: `Watch.wake`).
         self.watch = watch = self.gw.results.watch(self.line, self.rid, ring=False)
@@ -142,7 +190,16 @@ class Call:
         except BaseException:
             watch.ring_apart()
             raise
-        self.events = events(self.watch, self.line, self.deadline_at)
+        self.events = events(self.watch, self.line, self.deadline_at, drop=not self.retryable)
+
+    def follow(self, rid: str) -> None:
+        """This attempt took over `rid`, the call an earlier attempt of it started and left: read that
+        call's events from its first (the owner, `gateway.retry_join.keep_for_retry`, ends it)."""
+        log.info("request %s: a retry took it over", rid)
+        metrics.RETRIES.labels(self.spec.tier, "joined").inc()
+        self.rid, self.joined = rid, True
+        self.watch = self.gw.results.watch(self.line, rid, ring=True)
+        self.events = events(self.watch, self.line, self.deadline_at, drop=False)
 
     async def next(self) -> Event:
         """The call's next event after the first (streaming); Redis away raises its error."""
@@ -156,16 +213,35 @@ class Call:
     # --- the one end --------------------------------------------------------------------------
 
     async def end(self, told: str, usage: Usage | None = None, *, in_line: bool = False) -> None:
-        """End the call once, as its caller was told `told`. `in_line`: the line already ended it
-        (a worker's done or failure, the deadline's event); else the gateway ends it there now
-        (cancelled, failed), or the orphan sweep does once Redis answers again. Then close the
-        ticket and count the outcome. Later calls do nothing."""
+        """End the call once, as its caller was told `told`. A call whose client left while its SDK
+        will retry it is parked instead, for the retry to take over (`gateway.retry_join`); its
+        owner ends it when it ends. Later calls do nothing."""
         if self.told is not None:
             return
         self.told = told
         self.client.stop()
+        in_the_line = self.ticket is not None or self.joined
+        if told == CANCELLED and self.retryable and in_the_line and not in_line and await retry_join.park(self):
+            self.parked = True
+            if self.watch is not None:
+                self.watch.close()
+            if not self.joined:  # the owner reads on to the end; a retry that left again only parks it
+                spawn(retry_join.keep_for_retry(self))
+            return
+        if self.joined:  # a retry that took over another's call: that call's owner ends and counts it
+            if self.watch is not None:
+                self.watch.close()
+            return
+        await self.finish(told, usage, in_line=in_line)
+
+    async def finish(self, told: str, usage: Usage | None = None, *, in_line: bool = False) -> None:
+        """The call's one end. `in_line`: the line already ended it (a worker's done or failure, the
+        deadline's event); else the gateway ends it there now (cancelled, failed), or the orphan
+        sweep does once Redis answers again. Then close the ticket and count the outcome."""
+        if self.retryable and not self.parked:  # its stream was kept for a retry that will not come
+            drop_soon(self.line, self.rid)
         if self.chain_open:  # refused or late unless it completed (a caller hanging up is neither)
-            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED)))
+            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED), self.chain_member))
         if self.watch is not None:
             self.watch.close()
         if self.events is not None:

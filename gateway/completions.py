@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from redis.exceptions import RedisError
 
 from fleet.config import FleetConfig
+from fleet.policy.client_clock import CallClock, call_clock
 from fleet.store.payloads import Kind
 from gateway.answers import stream, whole
 from gateway.auth import Caller, authenticate
@@ -24,7 +25,15 @@ from gateway.call_spec import CallSpec, call_flow, parse_call
 from gateway.client_watch import ClientGone, ClientWatch
 from gateway.errors import APIError
 from gateway.redis_loss import UNAVAILABLE
-from gateway.request import parse_chain_id, parse_deadline, read_json
+from gateway.request import (
+    MAX_DEADLINE_MS,
+    parse_chain_deadline,
+    parse_chain_id,
+    parse_deadline,
+    parse_idempotency_key,
+    read_json,
+    sdk_clock,
+)
 
 router = APIRouter()
 HOT_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -72,7 +81,8 @@ async def read_call(request: Request, kind: Kind, cfg: FleetConfig,
         chain = parse_chain_id(request)
         flow = call_flow(chain, request.headers, cfg.fair_line.session_headers, caller.key.name if caller.key else None,
                          request.client.host if request.client else None)
-        headers = CallHeaders(prio, parse_deadline(request, cfg.default_deadline_ms), chain, flow)
+        headers = CallHeaders(prio, call_clock_of(request, cfg, spec.stream), chain, flow,
+                              parse_idempotency_key(request), parse_chain_deadline(request) if chain else None)
     except APIError as e:
         count_refused(tier, priority, UNAVAILABLE if e.status == 503 else REFUSED)
         raise
@@ -80,3 +90,14 @@ async def read_call(request: Request, kind: Kind, cfg: FleetConfig,
         count_refused(tier, priority, UNAVAILABLE)
         raise
     return caller, spec, headers
+
+
+def call_clock_of(request: Request, cfg: FleetConfig, stream: bool) -> CallClock:
+    """The call's deadline: `X-Deadline-Ms`, else its SDK's timeout and the retries it will still
+    make (`client_clock`, docs/client-clock.md), else the default."""
+    header_ms = parse_deadline(request)
+    clock = cfg.client_clock
+    timeout_s, retry_count = sdk_clock(request.headers) if clock.enabled else (None, None)
+    return call_clock(header_ms=header_ms, timeout_s=timeout_s, retry_count=retry_count, stream=stream,
+                      default_ms=cfg.default_deadline_ms, max_ms=MAX_DEADLINE_MS, sdk_retries=clock.sdk_retries,
+                      joined=clock.retry_grace_s > 0)

@@ -10,6 +10,7 @@ connections, bytes that are not HTTP).
 from __future__ import annotations
 
 import logging
+import math
 from http import HTTPStatus
 from typing import Any
 
@@ -44,6 +45,15 @@ class APIError(Exception):
     def response(self) -> Response:
         return Response(orjson.dumps(self.body()), status_code=self.status, media_type="application/json",
                         headers=self.headers)
+
+
+def retry_headers(retry_after_s: float, should_retry: bool = True) -> dict[str, str]:
+    """What tells an SDK when (and whether) to retry: `Retry-After` in whole seconds, the
+    `retry-after-ms` the openai and anthropic clients read first, and `x-should-retry`, which
+    they obey over their own rules."""
+    secs = max(1, math.ceil(retry_after_s - 1e-9))
+    return {"Retry-After": str(secs), "retry-after-ms": str(secs * 1000),
+            "x-should-retry": "true" if should_retry else "false"}
 
 
 def quoted(raw: str, limit: int = 40) -> str:
@@ -124,4 +134,4 @@ def from_event(ev: Failed) -> APIError:
     """A worker's or the line's end of a call that failed, as the caller should see it (a 503 with
     Retry-After: the fleet's fault, and a retry may well be served)."""
     return APIError(ev.status, ev.message, ev.type, code=ev.code or ev.type, param=ev.param,
-                    headers={"Retry-After": "1"} if ev.status == 503 else None)
+                    headers=retry_headers(1) if ev.status == 503 else None)

@@ -1,8 +1,12 @@
-"""Fleet control over HTTP: POST /v1/fleet/prewarm (admin keys only).
+"""Fleet control over HTTP: POST /v1/fleet/prewarm (admin keys only), DELETE /v1/fleet/chains/{id}.
 
 An operator raises a tier's floor now, until a time, ahead of a burst the
 schedule does not know about. The order goes to Redis; the scaler applies it
 at its next tick (see `fleet.store.prewarm_orders`).
+
+A planner that is about to retry its tree cancels the chain first: every call of it still
+waiting or running ends as cancelled (a running one is aborted in its engine), and new calls
+of the chain are refused with 409 `chain_cancelled` for `CHAIN_CANCEL_HOLD_S`.
 """
 
 from __future__ import annotations
@@ -17,15 +21,42 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.policy import format_duration
+from fleet.store.events import Failed
 from fleet.store.keys import TierKeys
 from fleet.store.prewarm_orders import add_order
-from gateway.auth import Caller, require_admin
+from gateway.auth import Caller, authenticate, require_admin
 from gateway.errors import APIError
-from gateway.request import read_body, validate
+from gateway.request import parse_chain_id_value, read_body, validate
 
 router = APIRouter()
 
 MAX_BODY = 4096
+CHAIN_CANCEL_HOLD_S = 60  # new calls of a cancelled chain are refused this long (its stragglers)
+CHAIN_CANCELLED = Failed(409, "cancelled", "the call's chain was cancelled (DELETE /v1/fleet/chains/{id})",
+                         "chain_cancelled")
+
+
+@router.delete("/v1/fleet/chains/{chain}")
+async def cancel_chain(chain: str, request: Request) -> Response:
+    """End every waiting and running call of a chain as cancelled; its key, or an admin's."""
+    gw: Any = request.app.state.gw
+    caller = authenticate(request)
+    chain = parse_chain_id_value(chain, "chain")
+    who = "" if caller.key is not None and caller.key.admin else caller.name
+    got = await gw.chains.cancel(chain, CHAIN_CANCEL_HOLD_S * 1000, who)
+    if got == 2:
+        raise APIError(404, f"no chain {chain!r} is open", param="chain", code="chain_not_found")
+    if got == 1:
+        raise APIError(403, f"chain {chain!r} was opened by another key; only it or an admin key may cancel it",
+                       "permission_error", param="chain", code="chain_not_yours")
+    ended = 0
+    for member in got:
+        tier, _, rid = member.partition("|")
+        line = gw.lines.get(tier)
+        if line is not None and await line.finish(rid, "cancelled", CHAIN_CANCELLED) is not None:
+            ended += 1
+    return Response(orjson.dumps({"object": "fleet.chain.cancelled", "id": chain, "calls_ended": ended,
+                                  "refused_for_s": CHAIN_CANCEL_HOLD_S}), media_type="application/json")
 
 
 class PrewarmBody(BaseModel):

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from gateway.errors import APIError
+from gateway.errors import APIError, retry_headers
 
 if TYPE_CHECKING:
     from fleet.store.line import Line
@@ -71,7 +71,7 @@ def unavailable_error(exc: BaseException | None, *, deadline_ms: int | None = No
     else:
         why = f"is unavailable ({type(exc).__name__ if exc else 'no answer'})"
     return APIError(503, f"the fleet's Redis {why}; retry shortly", "service_unavailable",
-                    code="redis_unavailable", headers={"Retry-After": "1"})
+                    code="redis_unavailable", headers=retry_headers(1))
 
 
 async def end_in_line(line: Line, rid: str, outcome: str, *, bound_s: float = CLEANUP_S) -> str | None:

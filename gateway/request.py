@@ -11,6 +11,7 @@ or the caller gets a typed 400 naming it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from gateway.errors import APIError, quoted
 MAX_DEADLINE_MS = 86_400_000
 DEADLINE_PATTERN = r"^[1-9][0-9]{0,7}$"  # whole milliseconds, plain decimal digits only
 _DEADLINE = re.compile(DEADLINE_PATTERN)
+_SECONDS = re.compile(r"[0-9]{1,8}(\.[0-9]{1,6})?")  # an SDK's timeout: 600, 5.0, 2.5
 
 # The chain id is stored with the request in Redis and shown to operators: short, and
 # characters that need no quoting in a log line, a metric label or a shell.
@@ -89,26 +91,71 @@ def invalid_value(e: ValidationError) -> APIError:
     return APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value")
 
 
-def parse_deadline(request: Request, default_ms: int) -> int:
-    """`X-Deadline-Ms`: whole milliseconds 1..MAX_DEADLINE_MS in plain digits, else a typed 400."""
+def parse_deadline(request: Request) -> int | None:
+    """`X-Deadline-Ms`: whole milliseconds 1..MAX_DEADLINE_MS in plain digits (None: absent), else a typed 400."""
     raw = request.headers.get("x-deadline-ms")
     if raw is None:
-        return default_ms
+        return None
     if not _DEADLINE.fullmatch(raw) or int(raw) > MAX_DEADLINE_MS:
         raise APIError(400, f"X-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS} "
                        f"in plain digits, got {quoted(raw)}", param="X-Deadline-Ms", code="invalid_deadline")
     return int(raw)
 
 
+def sdk_clock(headers: Mapping[str, str]) -> tuple[float | None, int | None]:
+    """What the caller's SDK says of its clock: its timeout in seconds (`x-stainless-read-timeout`,
+    else the Anthropic clients' `x-stainless-timeout`) and which attempt this is
+    (`x-stainless-retry-count`). Not the fleet's headers: a value that is not a plain number is
+    taken as unsaid, never refused (a client the caller does not control must not be broken)."""
+    raw_t = headers.get("x-stainless-read-timeout") or headers.get("x-stainless-timeout")
+    raw_n = headers.get("x-stainless-retry-count")
+    timeout = None
+    if raw_t is not None and _SECONDS.fullmatch(raw_t.strip()):
+        timeout = float(raw_t)
+        if not 0 < timeout <= MAX_DEADLINE_MS / 1000:
+            timeout = None
+    count = int(raw_n) if raw_n is not None and raw_n.strip().isdigit() and len(raw_n.strip()) < 4 else None
+    return timeout, count
+
+
+MAX_IDEMPOTENCY_KEY = 256
+
+
+def parse_idempotency_key(request: Request) -> str | None:
+    """`Idempotency-Key`: 1-256 printable characters (absent: None), else a typed 400. Only its
+    digest is stored (`fleet.policy.retries.call_identity`)."""
+    raw = request.headers.get("idempotency-key")
+    if raw is None:
+        return None
+    if not 0 < len(raw) <= MAX_IDEMPOTENCY_KEY or not raw.isprintable():
+        raise APIError(400, f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters, got "
+                       f"{quoted(raw)}", param="Idempotency-Key", code="invalid_idempotency_key")
+    return raw
+
+
 def parse_chain_id(request: Request) -> str:
     """`X-Chain-Id`: 1-128 of A-Z a-z 0-9 . _ : - (absent: ""), else a typed 400."""
     raw = request.headers.get("x-chain-id")
-    if raw is None:
-        return ""
+    return "" if raw is None else parse_chain_id_value(raw)
+
+
+def parse_chain_id_value(raw: str, param: str = "X-Chain-Id") -> str:
+    """A chain id as `X-Chain-Id` takes it (also the path of DELETE /v1/fleet/chains/{id}), else a typed 400."""
     if not _CHAIN_ID.fullmatch(raw):
-        raise APIError(400, f"X-Chain-Id must be 1 to {MAX_CHAIN_ID} characters of A-Z a-z 0-9 . _ : -, "
-                       f"got {quoted(raw)}", param="X-Chain-Id", code="invalid_chain_id")
+        raise APIError(400, f"{param} must be 1 to {MAX_CHAIN_ID} characters of A-Z a-z 0-9 . _ : -, "
+                       f"got {quoted(raw)}", param=param, code="invalid_chain_id")
     return raw
+
+
+def parse_chain_deadline(request: Request) -> int | None:
+    """`X-Chain-Deadline-Ms`: the chain's deadline from receipt, as `X-Deadline-Ms` is read (None: absent)."""
+    raw = request.headers.get("x-chain-deadline-ms")
+    if raw is None:
+        return None
+    if not _DEADLINE.fullmatch(raw) or int(raw) > MAX_DEADLINE_MS:
+        raise APIError(400, f"X-Chain-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS} "
+                       f"in plain digits, got {quoted(raw)}", param="X-Chain-Deadline-Ms", code="invalid_deadline")
+    return int(raw)
 
 
 class HeaderLimit:

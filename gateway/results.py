@@ -26,7 +26,7 @@ EXPIRED = Failed(504, "deadline_exceeded", "deadline passed before the request f
 RESULT_LOST = Failed(504, "deadline_exceeded", "deadline passed and the request's result was lost")
 
 
-async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[Event]:
+async def events(watch: Watch, line: Line, deadline_at: float, *, drop: bool = True) -> AsyncIterator[Event]:
     """Yield the request's events until its final one (done or failed), as the
     process's result reader (`gateway.result_reader`) hands them to `watch`.
 
@@ -37,6 +37,9 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
     as expired (whatever state it is in: in the line it leaves, running it is
     aborted in its engine) and the 504 event that `finish` writes is read
     like any other. If a worker finished first, its event wins.
+
+    `drop` False: the result stream is left to whoever ends the call (one its SDK may retry is
+    kept for the retry, `gateway.retry_join`), not dropped once read.
     """
     rid = watch.rid
     expired_sent = False
@@ -63,8 +66,8 @@ async def events(watch: Watch, line: Line, deadline_at: float) -> AsyncIterator[
     finally:
         watch.close()
         lost_check(line).discard(watch)
-        # Read, so drop it rather than wait for its TTL: off the caller's path, with others ended meanwhile.
-        drop_soon(line, rid)
+        if drop:  # read, so drop it rather than wait for its TTL: off the caller's path, with others ended meanwhile
+            drop_soon(line, rid)
 
 
 async def close_events(stream: AsyncIterator[Event]) -> None:

@@ -42,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from fleet import gc_tuning
 from fleet.config import FleetConfig, GatewayEdge
 from gateway.auth import METRICS_PORT_SCOPE, Exposure, beyond_loopback
-from gateway.errors import APIError, raw_response
+from gateway.errors import APIError, raw_response, retry_headers
 
 log = logging.getLogger("fleet.gateway.server")
 
@@ -161,7 +161,7 @@ class EdgeProtocol(HttpToolsProtocol):
             limit = self.limits.max_connections_per_client
             raise Refusal(429, "too_many_connections",
                           f"this client address already has {limit} connections open (the limit); "
-                          "reuse them, or close some", "at_capacity", {"Retry-After": "1"}, retry_after_s=1)
+                          "reuse them, or close some", "at_capacity", retry_headers(1), retry_after_s=1)
         self._phase = "body"
         self._arm(self.limits.body_timeout_s)
         super().on_headers_complete()

@@ -14,6 +14,7 @@ from fleet.store.chains import Chains
 from fleet.store.leader import leader_of
 from fleet.store.line import Line
 from fleet.store.responses import ResponseStore
+from fleet.store.retries import Retries
 from gateway.admission import Admission
 from gateway.auth import KeyRing
 from gateway.redis_loss import Orphans
@@ -37,6 +38,7 @@ class Gateway:
         self.keyring = keyring or KeyRing(cfg.keys)
         self.orphans = Orphans()  # answered 503 while Redis was away; ended in the line when it returns
         self.chains = Chains(redis, cfg.namespace)  # how each X-Chain-Id chain ended (status, metrics)
+        self.retries = Retries(redis)  # calls whose client left, kept for their SDK's retry (gateway.retry_join)
         self.responses = ResponseStore(redis, cfg.namespace, cfg.responses.ttl_s)  # the Responses API's state
         self.started = time.time()
 

@@ -19,12 +19,14 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from fleet.config import Priority
+from fleet.policy.client_clock import CallClock, should_retry
+from fleet.store.admitting import Attempt
 from fleet.store.events import Done, Failed
 from fleet.store.flows import Place
 from fleet.store.line import Line
 from fleet.store.replication import Ack
 from gateway.auth import Caller
-from gateway.errors import APIError
+from gateway.errors import APIError, retry_headers
 
 log = logging.getLogger("fleet.gateway.admission")
 
@@ -48,10 +50,13 @@ class AdmissionRequest:
     tier: str
     priority: Priority
     deadline_ms: int
+    clock: CallClock  # what its deadline bounds and what admission judges (`fleet.policy.client_clock`)
     prompt_tokens: int  # estimated before any tokenizer runs
     max_tokens: int
     expected_output_tokens: int
     place: Place | None = None  # its flow and cost in a fair tier (`gateway.call_spec.fair_place`)
+    attempt: Attempt = field(default_factory=Attempt)  # who it is for the retry gate (`fleet.store.retries`)
+    opens_chain: bool = False  # the first call of a new chain: shed before chains under way
 
     @property
     def estimated_tokens(self) -> int:
@@ -77,10 +82,17 @@ class ReservationStep(Protocol):
     async def reserve(self, req: AdmissionRequest) -> Reservation | None: ...
 
 
-def refusal(code: str, message: str, req: AdmissionRequest, retry_after_s: float) -> APIError:
-    """The typed 429 of the contract: Retry-After in whole seconds (>= 1), body with tier, priority, retry_after_s."""
+# Refusals no retry soon can turn around: the caller's SDK is told not to retry them.
+FINAL_CODES = frozenset({"budget_exhausted", "key_budget_exhausted", "retry_budget_exhausted"})
+
+
+def refusal(code: str, message: str, req: AdmissionRequest, retry_after_s: float, *, final: bool = False) -> APIError:
+    """The typed 429 of the contract: Retry-After in whole seconds (>= 1) and retry-after-ms, and
+    `x-should-retry` (`fleet.policy.client_clock.should_retry`); body with tier, priority, retry_after_s."""
     secs = max(1, math.ceil(retry_after_s - 1e-9))
-    return APIError(429, message, "at_capacity", code=code, headers={"Retry-After": str(secs)},
+    again = should_retry(retry_after_s=secs, retryable=not final and code not in FINAL_CODES,
+                         attempts_left=req.clock.attempts_left)
+    return APIError(429, message, "at_capacity", code=code, headers=retry_headers(secs, again),
                     tier=req.tier, priority=req.priority.name, retry_after_s=secs)
 
 

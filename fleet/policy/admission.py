@@ -44,6 +44,10 @@ class ServiceForecast:
     rate: float  # requests per second, > 0
     delay_s: float  # seconds before any replica serves (cold start still to pay), >= 0
     basis: Basis  # where the rate came from, for the refusal message and the status page
+    # Slots of ready replicas running nothing now: that many calls start at once, whatever the
+    # rate (a call with a free slot waits for no completion: invariant 8). None: not known (no
+    # replica reported), and the line is taken as a fluid that drains at the rate.
+    free: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,9 @@ class AdmissionDecision:
     retry_after_s: int  # whole seconds, >= 1 when refused, 0 when admitted
     ahead: int
     message: str
+    # No retry soon can be served: a spent budget, or a bound that even an empty line cannot meet
+    # (the caller's SDK is told `x-should-retry: false`).
+    final: bool = False
 
 
 def service_forecast(
@@ -69,6 +76,7 @@ def service_forecast(
     window_s: float,
     busy_s: float = 0.0,
     completions_while_busy: int = 0,
+    free_slots: int | None = None,
 ) -> ServiceForecast:
     """The tier's service rate for admission, robust when it has just started or has no replicas.
 
@@ -84,20 +92,31 @@ def service_forecast(
     """
     model = max(per_replica_rate, 1e-9)
     if ready > 0:
+        free = None if free_slots is None else max(0, free_slots)
         if busy_s >= MIN_BUSY_S and completions_while_busy >= MIN_BUSY_COMPLETIONS:
-            return ServiceForecast(completions_while_busy / busy_s, 0.0, "measured")
+            return ServiceForecast(completions_while_busy / busy_s, 0.0, "measured", free)
         measured = completions_in_window / window_s if window_s > 0 else 0.0
         if measured > ready * model:
-            return ServiceForecast(measured, 0.0, "measured")
-        return ServiceForecast(ready * model, 0.0, "model")
+            return ServiceForecast(measured, 0.0, "measured", free)
+        return ServiceForecast(ready * model, 0.0, "model", free)
     if starting_left_s:
         return ServiceForecast(len(starting_left_s) * model, max(0.0, min(starting_left_s)), "starting")
     return ServiceForecast(model, max(0.0, startup_s), "cold_start")
 
 
 def queue_wait_s(ahead: int, forecast: ServiceForecast) -> float:
-    """Seconds from now until a worker starts this request, if it joins the line now."""
-    return forecast.delay_s + max(0, ahead) / forecast.rate
+    """Seconds from now until a worker starts this request, if it joins the line now.
+
+    With the free slots known, the first `forecast.free` calls of the line start at once, and a
+    call behind them needs a slot to free for it and each call between: `ahead - free + 1`
+    completions at the service rate (not `ahead`: counting one short admits calls that end just
+    past their deadline, every one of them). Not known: the line drains as a fluid."""
+    ahead = max(0, ahead)
+    if forecast.free is None:
+        return forecast.delay_s + ahead / forecast.rate
+    if ahead < forecast.free:
+        return forecast.delay_s
+    return forecast.delay_s + (ahead - forecast.free + 1) / forecast.rate
 
 
 def predicted_wait_s(ahead: int, forecast: ServiceForecast, service_s: float) -> float:
@@ -196,7 +215,7 @@ def admit(
         retry = budget_retry_in_s if budget_retry_in_s is not None and budget_retry_in_s > 0 else 60.0
         return AdmissionDecision(False, "budget_exhausted", done_in, min(deadline, wait_limit_s), _whole_seconds(retry),
                         ahead, f"the tier's budget is spent; {priority.name} work is refused until the window "
-                        f"resets in {_whole_seconds(retry)} s (committed work is still served)")
+                        f"resets in {_whole_seconds(retry)} s (committed work is still served)", final=True)
     if priority == Priority.committed:
         if committed_wait_s is not None and committed_wait_s < in_line:
             in_line = committed_wait_s
@@ -216,7 +235,8 @@ def admit(
         reason, bound, excess = "drain_exceeded", wait_limit_s, over_limit
         floor = forecast.delay_s
         what = f"the {priority.name} wait limit of {format_duration(bound)}"
-    if floor > bound:
+    final = floor > bound
+    if final:
         # Even an empty line cannot meet it: come back when the line has drained
         # (and any start-up is paid); the message says the bound itself is too tight.
         retry = _whole_seconds(in_line)
@@ -230,4 +250,4 @@ def admit(
         what_of = "time to finish" if reason == "deadline_unmeetable" else "wait in line"
         why = (f"predicted {what_of} {format_duration(shown)} "
                f"({ahead} ahead at {forecast.rate:.2f}/s, {forecast.basis}) exceeds {what}")
-    return AdmissionDecision(False, reason, done_in, bound, retry, ahead, f"{why}; retry after {retry} s")
+    return AdmissionDecision(False, reason, done_in, bound, retry, ahead, f"{why}; retry after {retry} s", final)

@@ -123,10 +123,14 @@ def admission_forecast(obs: TierObservation, cap: TierCapacity) -> ServiceForeca
     reps = obs.replicas
     starting_left = ([r.started + cap.startup_s - obs.now for r in reps.members if r.state == "starting"]
                      if not reps.ready and reps.starting else [])
+    # Slots the ready replicas run nothing in: their slots (no more than their KV cache holds at
+    # the typical shape) less what the line has in flight now.
+    ready_slots = sum(min(r.slots, cap.batch) for r in reps.members if r.state == "ready")
     return service_forecast(
         ready=reps.ready, starting_left_s=starting_left, per_replica_rate=cap.per_replica_rate,
         startup_s=cap.startup_s, completions_in_window=obs.completions_in_window, window_s=obs.window_s,
-        busy_s=obs.busy_s, completions_while_busy=obs.completions_while_busy)
+        busy_s=obs.busy_s, completions_while_busy=obs.completions_while_busy,
+        free_slots=ready_slots - obs.in_flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,13 +148,29 @@ class AdmissionInput:
     wait_limit_s: float  # the longest this class may be predicted to wait
     deadline_s: float | None
     max_replicas: int | None = None  # the tier's ceiling before the budget's; None: unbounded
+    # The deadline bounds its first token, not its last (a stream on its SDK's read timeout,
+    # `fleet.policy.client_clock`).
+    first_token: bool = False
+    # What the caller waits across its retries, which join the call (`fleet.policy.client_clock`):
+    # the bound for a call whose own service alone does not fit `deadline_s`. None: no such bound.
+    patience_s: float | None = None
+    # The first call of a chain with no call served or open: when a class must be shed, new chains
+    # go before chains under way (the work spent on a chain is not thrown away for one not begun).
+    opens_chain: bool = False
 
     @classmethod
     def for_tier(cls, obs: TierObservation, capacity: TierCapacity, tc: TierConfig, priority: Priority, *,
-                 prompt_tokens: int, output_tokens: int, deadline_s: float | None) -> AdmissionInput:
+                 prompt_tokens: int, output_tokens: int, deadline_s: float | None,
+                 first_token: bool = False, patience_s: float | None = None,
+                 opens_chain: bool = False) -> AdmissionInput:
         """The question for a call on a tier configured as `tc` (its wait limit, its ceiling)."""
         return cls(obs, capacity, priority, prompt_tokens, output_tokens, tc.wait_limit(priority), deadline_s,
-                   tc.max_replicas)
+                   tc.max_replicas, first_token, patience_s, opens_chain)
+
+
+# What a call that opens a new chain may wait, as a share of what a call of a chain under way may:
+# the line's last room goes to chains already begun, so new chains are shed first.
+NEW_CHAIN_SHARE = 0.5
 
 
 def judge_admission(q: AdmissionInput) -> AdmissionDecision:
@@ -172,9 +192,17 @@ def judge_admission(q: AdmissionInput) -> AdmissionDecision:
         committed_wait = wait_with_ceiling_s(ahead, forecast, counted=reps.ready or max(1, reps.starting),
                                              ceiling=min(limits) if limits else None,
                                              per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s)
-    return admit(priority, ahead=ahead, forecast=forecast,
-                 service_s=cap.service_s(q.prompt_tokens, q.output_tokens), wait_limit_s=q.wait_limit_s,
-                 deadline_s=q.deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in,
+    # A first token is its prefill and one step; the whole answer, every step.
+    service_s = cap.service_s(q.prompt_tokens, 1 if q.first_token else q.output_tokens)
+    deadline_s, wait_limit_s = q.deadline_s, q.wait_limit_s
+    if q.patience_s is not None and deadline_s is not None and service_s > deadline_s:
+        deadline_s = q.patience_s  # no attempt alone can see it: its retries will, joining it
+    if q.opens_chain:  # a new chain may wait only a share of what a chain under way may
+        wait_limit_s *= NEW_CHAIN_SHARE
+        if deadline_s is not None and deadline_s > service_s:
+            deadline_s = service_s + (deadline_s - service_s) * NEW_CHAIN_SHARE
+    return admit(priority, ahead=ahead, forecast=forecast, service_s=service_s, wait_limit_s=wait_limit_s,
+                 deadline_s=deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in,
                  committed_wait_s=committed_wait)
 
 

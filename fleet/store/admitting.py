@@ -19,17 +19,22 @@ from fleet.store.flows import FLOW_START, Place
 from fleet.store.keys import TierKeys
 from fleet.store.line_scripts import LUA_BY_CLASS
 from fleet.store.lua import CLOCK
+from fleet.store.retries import JOINED, RETRY_GATE
 from fleet.store.tier_budget import EXHAUSTED, RETRY_AT
 
 # How long a "being admitted" mark lives if its gateway dies between the decision and the line.
 ADMITTING_HOLD_MS = 5000
 
-# KEYS: line completions budget admitting [flow_clock flow] ; ARGV: window_ms prefix member hold_ms [rank half_ms]
+# KEYS: line completions budget admitting inflight retry retry_window [flow_clock flow]
+# ARGV: window_ms prefix member hold_ms digest attempt taken_ms ratio budget_s min_per_s [rank half_ms]
+# First the retry gate (`fleet.store.retries`): a retry takes over the call its client left, or
+# is refused by the retry budget, before anything is observed or marked.
 # Returns: now_ms, waiting by class (4), being admitted by class (4), busy_ms,
 #          completions in window, completions while busy, budget exhausted, budget retry_at,
+#          in flight (claimed by replicas now),
 #          ahead in its class (with a flow, in a fair tier: the calls of its class placed before
 #          where ENQUEUE would place it now, `fleet.store.flows`; else -1)
-OBSERVE_AND_MARK = CLOCK + LUA_BY_CLASS + FLOW_START + f"""
+OBSERVE_AND_MARK = CLOCK + RETRY_GATE + LUA_BY_CLASS + FLOW_START + f"""
 local out = {{n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}}
 local oldest = oldest_enq
 -- The marks of calls being admitted, those expired dropped: one call unless some expired.
@@ -55,9 +60,10 @@ out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - math.min(busy, window)),
 local b = redis.call('HMGET', KEYS[3], '{EXHAUSTED}', '{RETRY_AT}')
 out[#out + 1] = b[1] or '0'
 out[#out + 1] = b[2] or ''
-if KEYS[6] then
-  local rank = tonumber(ARGV[5])
-  local start = flow_start(KEYS[1], KEYS[5], KEYS[6], rank, tonumber(ARGV[6]))
+out[#out + 1] = redis.call('ZCARD', KEYS[5])
+if KEYS[9] then
+  local rank = tonumber(ARGV[11])
+  local start = flow_start(KEYS[1], KEYS[8], KEYS[9], rank, tonumber(ARGV[12]))
   out[#out + 1] = redis.call('ZCOUNT', KEYS[1], n2s(rank * 1e15), '(' .. n2s(rank * 1e15 + start))
 else
   out[#out + 1] = -1
@@ -79,12 +85,43 @@ class AdmissionSnapshot:
     budget_exhausted: bool
     budget_retry_at: float | None  # epoch seconds
     ahead_in_class: int | None = None  # fair tier: its class's calls placed before it; None: all of them
+    in_flight: int = 0  # claimed by replicas now (free slots are the ready replicas' less these)
 
     @property
     def line(self) -> tuple[int, int, int, int]:
         """Waiting plus being admitted: what a new call would queue behind."""
         w, a = self.waiting, self.admitting
         return (w[0] + a[0], w[1] + a[1], w[2] + a[2], w[3] + a[3])
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Who this attempt is, for the retry gate: its identity (`fleet.policy.retries.call_identity`;
+    "" when it cannot be joined to another), its body's digest, and whether its SDK says it is a
+    retry."""
+
+    identity: str = ""
+    digest: str = ""
+    retry: bool = False
+    taken_ms: int = 1  # how long a call this attempt takes over is held for it: its own deadline
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """The tier's retry budget as the gate applies it (`fleet.policy.retries.retry_allowed`)."""
+
+    ratio: float = 0.2
+    window_s: int = 10
+    min_per_s: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """What the retry gate answered instead of a snapshot: `JOINED` (with the call taken over),
+    `RETRY_BUDGET_SPENT`, or `OTHER_BODY` (an Idempotency-Key sent with another body)."""
+
+    verdict: int
+    rid: str = ""
 
 
 class Admitting:
@@ -95,20 +132,28 @@ class Admitting:
         self._observe = redis.register_script(OBSERVE_AND_MARK)
 
     async def observe_and_mark(self, keys: TierKeys, prefix: str, member: str, window_ms: int,
-                               place: tuple[int, Place] | None = None) -> AdmissionSnapshot:
+                               place: tuple[int, Place] | None = None, attempt: Attempt = Attempt(),
+                               budget: RetryBudget = RetryBudget()) -> AdmissionSnapshot | Gated:
         """The tier as this call sees it, marking it as being admitted. `place` (rank, place): in a
-        fair tier, also how many of its class the line would put before it."""
+        fair tier, also how many of its class the line would put before it. First the retry gate:
+        `Gated` when `attempt` takes over a parked call or the retry budget refuses it."""
         fair_keys, fair_args = ((place[1].keys(keys, place[0]), [place[0], place[1].half_ms]) if place else ([], []))
-        raw = await self._observe(keys=[keys.line, keys.completions, keys.budget, keys.admitting, *fair_keys],
-                                  args=[window_ms, prefix, member, ADMITTING_HOLD_MS, *fair_args])
+        raw = await self._observe(
+            keys=[keys.line, keys.completions, keys.budget, keys.admitting, keys.inflight,
+                  keys.retry(attempt.identity), keys.retry_window, *fair_keys],
+            args=[window_ms, prefix, member, ADMITTING_HOLD_MS, attempt.digest if attempt.identity else "",
+                  "retry" if attempt.retry else "first", attempt.taken_ms, budget.ratio, budget.window_s,
+                  budget.min_per_s, *fair_args])
+        if int(raw[0]) < 0:
+            return Gated(int(raw[0]), _s(raw[1]) if int(raw[0]) == JOINED else "")
         retry_at = _s(raw[13])
-        ahead = int(raw[14])
+        ahead = int(raw[15])
         return AdmissionSnapshot(
             now_ms=int(raw[0]), waiting=tuple(int(x) for x in raw[1:5]),  # type: ignore[arg-type]
             admitting=tuple(int(x) for x in raw[5:9]),  # type: ignore[arg-type]
             busy_ms=int(raw[9]), completions_in_window=int(raw[10]), completions_while_busy=int(raw[11]),
             budget_exhausted=_s(raw[12]) == "1", budget_retry_at=float(retry_at) if retry_at else None,
-            ahead_in_class=ahead if ahead >= 0 else None)
+            ahead_in_class=ahead if ahead >= 0 else None, in_flight=int(raw[14]))
 
     async def unmark(self, keys: TierKeys, member: str) -> None:
         """The request was refused: it is no longer being admitted."""

@@ -80,7 +80,9 @@ class Failed:
     @property
     def outcome(self) -> str:
         """The outcome the line counts for it."""
-        return "expired" if self.type == "deadline_exceeded" else "failed"
+        if self.type == "deadline_exceeded":
+            return "expired"
+        return "cancelled" if self.type == "cancelled" else "failed"
 
 
 Event = Chunk | Done | Failed

@@ -193,6 +193,17 @@ class TierKeys:
         """STREAM of one request's events: tokens, then done or error."""
         return self._k(f"res:{rid}")
 
+    def retry(self, identity: str) -> str:
+        """STRING "parked|taken|request id|body digest": a call whose client left, kept for a
+        retry of it to take over (`fleet.store.retries`)."""
+        return self._k(f"retry:{identity}")
+
+    @property
+    def retry_window(self) -> str:
+        """HASH `f<epoch second>` first attempts, `r<epoch second>` retries: the tier's retry
+        budget window (`fleet.store.retries`)."""
+        return self._k("retry-window")
+
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyKeys:

@@ -1,0 +1,87 @@
+"""Retries joined to the call still running, and the tier's retry budget: `TierKeys.retry`, `TierKeys.retry_window`.
+
+Two key families of a tier, both under its hash tag:
+
+- `retry:<identity>` STRING "state|request id|body digest", state `parked` or `taken`: a call
+  whose client left while its SDK will still retry it, kept for `client_clock.retry_grace_s`
+  (the key's TTL) for a retry of the same identity to take over (`taken`, with the TTL of that
+  retry's deadline). A key gone means nobody took it in time: the call's owner ends it.
+- `retry-window` HASH `f<second>` / `r<second>`: first attempts and retries that joined nothing,
+  per second, over the budget window.
+
+Writers: a call's owner parks it (`Retries.park`); the admission script (`RETRY_GATE`, run at
+the head of `fleet.store.admitting.OBSERVE_AND_MARK`) takes it over or spends the budget; the
+owner reads the record (`Retries.state`) to know whether anyone took it. The budget rule is
+`fleet.policy.retries.retry_allowed`, held to this Lua by tests/store/test_retries.py.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from fleet.store.keys import TierKeys
+
+# The gate's answers, in place of the admission snapshot (its first element; a snapshot's is
+# the Redis clock in ms, never negative).
+JOINED, RETRY_BUDGET_SPENT, OTHER_BODY = -1, -2, -3
+
+# After CLOCK (needs `now`). KEYS[6] retry key, KEYS[7] retry window; ARGV[5..10] below.
+RETRY_GATE = """
+local retry_key, window_key = KEYS[6], KEYS[7]
+local digest, attempt, taken_ms = ARGV[5], ARGV[6], tonumber(ARGV[7])
+local ratio, budget_s, min_per_s = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+if digest ~= '' then
+  local rec = redis.call('GET', retry_key)
+  if rec then
+    local state, rid, d = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
+    if state == 'parked' then
+      if d ~= digest then return {-3} end
+      redis.call('SET', retry_key, 'taken|' .. rid .. '|' .. d, 'PX', taken_ms)
+      return {-1, rid}
+    end
+  end
+end
+local sec = math.floor(now / 1000)
+if attempt == 'retry' then
+  local fields = {}
+  for i = 0, budget_s - 1 do
+    fields[#fields + 1] = 'f' .. (sec - i)
+    fields[#fields + 1] = 'r' .. (sec - i)
+  end
+  local got = redis.call('HMGET', window_key, unpack(fields))
+  local firsts, retries = 0, 0
+  for i = 1, #got, 2 do
+    firsts = firsts + tonumber(got[i] or 0)
+    retries = retries + tonumber(got[i + 1] or 0)
+  end
+  if retries + 1 > math.max(ratio * firsts, min_per_s * budget_s) then return {-2} end
+end
+redis.call('HINCRBY', window_key, (attempt == 'retry' and 'r' or 'f') .. sec, 1)
+local old = {}
+for i = budget_s, 2 * budget_s do
+  old[#old + 1] = 'f' .. (sec - i)
+  old[#old + 1] = 'r' .. (sec - i)
+end
+redis.call('HDEL', window_key, unpack(old))
+redis.call('EXPIRE', window_key, budget_s + 1)
+"""
+
+
+class Retries:
+    """One namespace's parked calls (the records the admission script takes over)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def park(self, keys: TierKeys, identity: str, rid: str, digest: str, grace_ms: int) -> None:
+        """The call's client left: keep it `grace_ms` for a retry of `identity` to take over."""
+        await self.redis.set(keys.retry(identity), f"parked|{rid}|{digest}", px=max(1, grace_ms))
+
+    async def state(self, keys: TierKeys, identity: str, rid: str) -> str | None:
+        """`parked` or `taken` while the record still names `rid`; None once it is gone (or names
+        another call): nobody took it within its grace."""
+        raw = await self.redis.get(keys.retry(identity))
+        if raw is None:
+            return None
+        state, _, rest = (raw.decode() if isinstance(raw, bytes) else str(raw)).partition("|")
+        return state if rest.partition("|")[0] == rid else None
