@@ -77,7 +77,7 @@ def fleet_config(slots: int, preempt: bool, max_preemptions: int) -> FleetConfig
 async def call(line: Line, prio: Priority, max_tokens: int, stream: bool) -> tuple[float, int]:
     """One call through the line: (TTFT seconds, completion tokens)."""
     rid = uuid.uuid4().hex
-    body = orjson.dumps({"model": TIER, "prompt": "x" * 800, "max_tokens": max_tokens})
+    body = orjson.dumps({"model": TIER, "prompt": "x" * 800, "max_tokens": max_tokens, "ignore_eos": True})
     payload = CallPayload.encode("completion", body, max_tokens=max_tokens, key="", stream=stream)
     t0 = time.monotonic()
     await line.enqueue(rid, prio, payload, 3_600_000)

@@ -73,7 +73,7 @@ def redis_cpu(nodes: list[redis.Redis]) -> list[float]:
 async def load(url: str, calls: int, concurrency: int, tokens: int, stream: bool, *, model: str = "routing",
                content: str = "classify this") -> float:
     body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": content}],
-                         "max_tokens": tokens, "stream": stream})
+                         "max_tokens": tokens, "stream": stream, "ignore_eos": True})  # exactly `tokens` each
     left = calls
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as c:
         async def user() -> None:

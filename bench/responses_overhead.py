@@ -40,15 +40,17 @@ KINDS = ("chat", "responses", "continued")
 
 
 def bodies(tokens: int, stream: bool, previous: str) -> dict[str, tuple[str, bytes]]:
-    """Each kind's path and body."""
+    """Each kind's path and body; each answered with exactly `tokens` (vLLM's `ignore_eos`), so the kinds
+    differ only in the gateway's work."""
     turn = "classify this"
     return {
         "chat": ("/v1/chat/completions", orjson.dumps({"model": TIER, "messages": [{"role": "user", "content": turn}],
-                                                        "max_tokens": tokens, "stream": stream})),
+                                                        "max_tokens": tokens, "stream": stream, "ignore_eos": True})),
         "responses": ("/v1/responses", orjson.dumps({"model": TIER, "input": turn, "max_output_tokens": tokens,
-                                                     "stream": stream})),
+                                                     "stream": stream, "ignore_eos": True})),
         "continued": ("/v1/responses", orjson.dumps({"model": TIER, "input": turn, "max_output_tokens": tokens,
-                                                     "stream": stream, "previous_response_id": previous})),
+                                                     "stream": stream, "previous_response_id": previous,
+                                                     "ignore_eos": True})),
     }
 
 

@@ -232,7 +232,7 @@ async def sweep(args: argparse.Namespace, fleet_url: str, base_url: str, pids: d
                 procs: list[subprocess.Popen[bytes]], redis_url: str) -> list[tuple[Level, Level]]:
     """At each N: the fleet, then the baseline with the fleet's tokens per chunk."""
     body: dict[str, object] = {"model": "relay", "messages": MESSAGES, "max_tokens": args.tokens, "stream": True,
-                               "stream_options": {"include_usage": True}}
+                               "stream_options": {"include_usage": True}, "ignore_eos": True}  # exact lengths
     step = {"step_s": args.step_ms / 1000}  # the baseline's pace, and its chunks' size below
     await wait_answers(fleet_url, body, procs)
     await wait_answers(base_url, {**body, **step, "chunk_tokens": 1}, procs)

@@ -36,6 +36,10 @@ class SimProfile(_Strict):
     # before a tier has completed anything (no history yet, no infinity either).
     typical_prompt_tokens: int = Field(200, gt=0)
     typical_output_tokens: int = Field(100, gt=0)
+    # The sim engine's plain answers end of their own accord, as a model's do: each call's length is
+    # drawn from a log-normal of mean typical_output_tokens and this sigma (0: always the typical
+    # length), from a hash of the request, so the same request is answered at the same length.
+    output_tokens_spread: float = Field(0.5, ge=0, le=3)
 
 
 class CapacityProfile(_Strict):

@@ -14,6 +14,7 @@ to the Response's output items (`output_items`) and object (`response_object`):
     tools, tool_choice             -> chat's function tools and tool_choice
     text.format                    -> response_format (json_schema, json_object)
     max_output_tokens, reasoning   -> max_tokens, reasoning_effort
+    ignore_eos (vLLM's extension)  -> ignore_eos
 
     message.content / refusal      -> a `message` item with `output_text` / `refusal` parts
     message.tool_calls             -> `function_call` items (the engine's id is the `call_id`)
@@ -123,6 +124,8 @@ def chat_body(body: ResponsesBody, conversation: list[dict[str, Any]]) -> dict[s
             chat[ours] = theirs
     if body.reasoning is not None and body.reasoning.effort is not None:
         chat["reasoning_effort"] = body.reasoning.effort
+    if body.ignore_eos:
+        chat["ignore_eos"] = True
     return chat
 
 

@@ -156,6 +156,8 @@ class ResponsesBody(BaseModel):
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
     stream: bool = False
     store: bool = Field(True, description="Keep the response and its conversation (GET, previous_response_id).")
+    # vLLM's extension, as on chat: keep generating past EOS (benchmarks and tests need exact lengths).
+    ignore_eos: bool = False
 
 
 # Fields clients send by habit; accepted with these values (None: any value), with no effect.

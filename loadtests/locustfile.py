@@ -77,8 +77,10 @@ def stream_call(env: Environment, http: requests.Session, host: str, tier: str, 
         headers["X-Chain-Id"] = chain
     if API_KEY:
         headers["Authorization"] = f"Bearer {API_KEY}"
+    # ignore_eos (vLLM's request field, which the sim engine honours too): each call writes exactly its
+    # max_tokens, so the shape's load is the same on any engine and its figures stay comparable.
     body = {"model": tier, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     timer = _Timer(env, tier, priority)
     try:
         with http.post(f"{host}/v1/chat/completions", json=body, headers=headers, stream=True,

@@ -94,9 +94,10 @@ class Seen:
 
 def call(base: str, *, tier: str = "routing", stream: bool, max_tokens: int, deadline_ms: int,
          timeout_s: float = 60.0) -> Seen:
-    """One chat call, classified by what the caller got: a status, a body, a stream's end."""
+    """One chat call, classified by what the caller got: a status, a body, a stream's end. It runs to
+    `max_tokens` (vLLM's `ignore_eos`), so the load is the test's, not the sim's drawn lengths."""
     body = {"model": tier, "messages": [{"role": "user", "content": "AAPL beats"}], "max_tokens": max_tokens,
-            "stream": stream}
+            "stream": stream, "ignore_eos": True}
     t0 = time.monotonic()
     try:
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=timeout_s,

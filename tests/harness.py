@@ -82,8 +82,10 @@ def config_variant(base: Path, out_dir: Path, tier: str, section: str | None = N
 def call_payload(prompt: str = "route this", max_tokens: int = 10, *, kind: str = "completion", stream: bool = False,
                  key: str = "", **fields: Any) -> bytes:
     """A call's payload as the gateway writes it (`fleet.store.payloads`), for tests that put calls on
-    the line themselves: a completion of `prompt` (or, with kind="chat", one user turn of it)."""
-    body: dict[str, Any] = {"model": "any", "max_tokens": max_tokens, **fields}
+    the line themselves: a completion of `prompt` (or, with kind="chat", one user turn of it). It runs
+    to exactly `max_tokens` (vLLM's `ignore_eos`, unless `ignore_eos=False`): the tests' loads and
+    counts are theirs, not the sim's drawn answer lengths."""
+    body: dict[str, Any] = {"model": "any", "max_tokens": max_tokens, "ignore_eos": True, **fields}
     if kind == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:

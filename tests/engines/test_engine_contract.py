@@ -5,7 +5,9 @@ The contract (`workers.engines.base`): `start` once, measuring the cold start;
 only grow and whose finish reason comes last, never past `max_tokens`; `abort`
 ends a call mid-stream without a finish and leaves the engine serving; what an
 engine cannot do is a typed `EngineError`, never a hang or a silent drop (a call
-before `start`, a request id already running, a request the engine refuses).
+before `start`, a request id already running, a request the engine refuses). vLLM's
+`ignore_eos` writes exactly `max_tokens` (the sim does as vLLM does); without it an answer
+may end sooner (`stop`), so a call that must still run when the test acts sends it.
 
 - `sim`: the latency model, sped up (`time_scale`).
 - `openai`: forwarding to the scripted upstream (tests/agent_upstream.py), which
@@ -65,6 +67,12 @@ class Contracted:
 def chat(rid: str, kit: Contracted, max_tokens: int = 8, *, stream: bool = True, **fields: Any) -> EngineRequest:
     return EngineRequest.build(rid, "chat", messages=MESSAGES, max_tokens=max_tokens, stream=stream,
                                **{**kit.body, **fields})
+
+
+def long(rid: str, kit: Contracted) -> EngineRequest:
+    """A call that must still run when the test acts on it: vLLM's `ignore_eos`, for a model's answer
+    (and the sim's plain one) may end sooner than its budget (the scripted upstream ignores it)."""
+    return chat(rid, kit, kit.long_max_tokens, ignore_eos=True)
 
 
 async def collect(stream: AsyncIterator[Delta]) -> list[Delta]:
@@ -168,9 +176,18 @@ async def test_concurrent_streams_each_end_with_their_own_answer(kit: Contracted
         assert 1 <= deltas[-1].completion_tokens <= n
 
 
+async def test_ignore_eos_writes_exactly_max_tokens(kit: Contracted) -> None:
+    """vLLM's `ignore_eos`: the answer runs to its bound (what benchmarks rely on for a fixed length);
+    the sim does as vLLM does. The scripted upstream answers its script whatever it is sent."""
+    if kit.name == "openai":
+        pytest.skip("the scripted upstream's answer is fixed")
+    deltas = await collect(kit.engine.generate(chat("eos-1", kit, MAX_TOKENS, ignore_eos=True)))
+    assert (deltas[-1].completion_tokens, deltas[-1].finish_reason) == (MAX_TOKENS, "length")
+
+
 async def test_abort_ends_a_call_mid_stream_and_the_engine_serves_on(kit: Contracted) -> None:
     seen: list[Delta] = []
-    async for d in kit.engine.generate(chat("abort-1", kit, kit.long_max_tokens)):
+    async for d in kit.engine.generate(long("abort-1", kit)):
         seen.append(d)
         if len(seen) == 2:
             await kit.engine.abort("abort-1")
@@ -186,7 +203,7 @@ async def test_closing_the_stream_ends_the_call(kit: Contracted) -> None:
     """The worker's deadline: a timeout around the stream closes it; the engine frees the call."""
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
-            async for _ in kit.engine.generate(chat("close-1", kit, kit.long_max_tokens)):
+            async for _ in kit.engine.generate(long("close-1", kit)):
                 pass
     again = await collect(kit.engine.generate(chat("close-1", kit, 4)))
     assert again[-1].finish_reason in ("stop", "length")
@@ -201,7 +218,7 @@ async def test_a_request_the_engine_cannot_take_is_a_typed_400(kit: Contracted) 
 
 
 async def test_an_id_already_running_is_a_typed_400(kit: Contracted) -> None:
-    first = kit.engine.generate(chat("dup-1", kit, kit.long_max_tokens))
+    first = kit.engine.generate(long("dup-1", kit))
     await first.__anext__()  # running now
     try:
         with pytest.raises(EngineError) as e:

@@ -189,7 +189,8 @@ def test_sim_answers_json_schema_named_tools_and_logprobs(agents: tuple[Fleet, U
     named = {"type": "function", "function": {"name": "get_time"}}
     r = c.chat.completions.create(model="routing", messages=ASK, tools=[WEATHER, CLOCK], tool_choice=named)  # type: ignore[arg-type]
     assert [t.function.name for t in r.choices[0].message.tool_calls or []] == ["get_time"]
-    r = c.chat.completions.create(model="routing", messages=ASK, logprobs=True, top_logprobs=1, max_tokens=5)
+    r = c.chat.completions.create(model="routing", messages=ASK, logprobs=True, top_logprobs=1, max_tokens=5,
+                                  extra_body={"ignore_eos": True})  # exactly 5 tokens, each with its logprob
     assert r.choices[0].logprobs and len(r.choices[0].logprobs.content or []) == 5
     bad = {"type": "function", "function": {"name": "no_such_tool"}}
     with pytest.raises(openai.BadRequestError) as e:

@@ -28,7 +28,8 @@ ADMIN = [("POST", "/v1/fleet/prewarm", {"tier": "routing", "floor": 2, "duration
          ("POST", "/v1/fleet/models/routing/rollback", {"why": "a stranger"}),
          ("POST", "/v1/fleet/models/routing/promote", {"version": "v1"}),
          ("GET", "/v1/fleet/models", None)]
-CALL = {"model": "routing", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+CALL = {"model": "routing", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}],
+        "ignore_eos": True}  # exactly 3 tokens, as a served call is checked
 
 
 def _ask(f: Fleet, method: str, path: str, body: object = None, key: str | None = None) -> httpx.Response:

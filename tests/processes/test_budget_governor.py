@@ -67,7 +67,8 @@ def state(f: Fleet) -> dict[str, str]:
 def call(f: Fleet, priority: str) -> httpx.Response:
     return httpx.post(f"{f.base_url}/v1/chat/completions", timeout=30,
                       headers={"X-Priority": priority},
-                      json={"model": TIER, "messages": [{"role": "user", "content": "thesis"}], "max_tokens": 3})
+                      json={"model": TIER, "messages": [{"role": "user", "content": "thesis"}], "max_tokens": 3,
+                            "ignore_eos": True})  # exactly 3 tokens, as the last check counts
 
 
 def test_budget_runs_out_sheds_below_committed_and_caps_the_ceiling(governed: tuple[Fleet, float, float]) -> None:

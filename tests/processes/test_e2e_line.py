@@ -30,27 +30,30 @@ def client(f: Fleet, **kw) -> openai.OpenAI:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("tier", TIERS)
 def test_openai_client_each_tier_streaming_and_not(up: Fleet, tier: str) -> None:
     c = client(up)
-    r = c.chat.completions.create(model=tier, messages=[{"role": "user", "content": "route this"}], max_tokens=7)
+    exact = {"ignore_eos": True}  # vLLM's extension: the answer runs to max_tokens, as the counts below need
+    r = c.chat.completions.create(model=tier, messages=[{"role": "user", "content": "route this"}], max_tokens=7,
+                                  extra_body=exact)
     assert r.choices[0].message.role == "assistant"
     assert len(r.choices[0].message.content.split()) == 7
     assert r.usage.completion_tokens == 7 and r.usage.prompt_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + 7
 
     chunks = list(c.chat.completions.create(model=tier, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                                            stream=True, stream_options={"include_usage": True}))
+                                            stream=True, stream_options={"include_usage": True}, extra_body=exact))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert len(text.split()) == 5
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 5
 
-    comp = c.completions.create(model=tier, prompt="once upon", max_tokens=4)
+    comp = c.completions.create(model=tier, prompt="once upon", max_tokens=4, extra_body=exact)
     assert len(comp.choices[0].text.split()) == 4 and comp.usage.completion_tokens == 4
 
 
 def test_aliases_and_models_list(up: Fleet) -> None:
     ids = {m.id for m in client(up).models.list()}
     assert {"routing", "small", "analysis", "mid", "planner", "large"} <= ids
-    r = client(up).chat.completions.create(model="large", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    r = client(up).chat.completions.create(model="large", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                           extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 2
 
 
@@ -112,7 +115,8 @@ def test_committed_served_before_fifty_background_through_the_gateway(fleet: Fle
 def test_worker_killed_mid_request_is_requeued_and_completed_once(fleet: Fleet) -> None:
     fleet.start_gateway()
     slow = fleet.start_worker("planner", time_scale="20")  # 20x slower: the request is still running when killed
-    body = {"model": "planner", "messages": [{"role": "user", "content": "thesis"}], "max_tokens": 40}
+    body = {"model": "planner", "messages": [{"role": "user", "content": "thesis"}], "max_tokens": 40,
+            "ignore_eos": True}  # all 40: still running when its worker is killed
 
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(base_url=fleet.base_url, timeout=60) as h:
@@ -137,7 +141,7 @@ def test_worker_killed_mid_stream_gives_worker_lost(fleet: Fleet) -> None:
     events: list[str] = []
     with httpx.stream("POST", f"{fleet.base_url}/v1/chat/completions", timeout=60,
                       json={"model": "planner", "messages": [{"role": "user", "content": "x"}], "max_tokens": 200,
-                            "stream": True}) as r:
+                            "stream": True, "ignore_eos": True}) as r:
         for line in r.iter_lines():
             if not line:
                 continue
@@ -174,7 +178,7 @@ def test_client_that_leaves_mid_stream_aborts_the_engine(fleet: Fleet) -> None:
     rid = fleet.start_worker("analysis", time_scale="10")
     with httpx.stream("POST", f"{fleet.base_url}/v1/chat/completions", timeout=60,
                       json={"model": "analysis", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2000,
-                            "stream": True}) as r:
+                            "stream": True, "ignore_eos": True}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 4:
                 break

@@ -42,7 +42,7 @@ def chat(f: Fleet, tier: str, priority: str, max_tokens: int, *, stream: bool, d
     r = httpx.post(f"{f.base_url}/v1/chat/completions", timeout=30,
                    headers={"x-priority": priority, "x-deadline-ms": str(deadline_ms)},
                    json={"model": tier, "messages": [{"role": "user", "content": "AAPL beats"}],
-                         "max_tokens": max_tokens, "stream": stream})
+                         "max_tokens": max_tokens, "stream": stream, "ignore_eos": True})  # tokens are counted
     return r.status_code
 
 

@@ -51,7 +51,7 @@ def _ttft(f: Fleet, tier: str) -> tuple[float, str]:
     first = 0.0
     with httpx.stream("POST", f"{f.base_url}/v1/chat/completions", timeout=60,
                       headers={"x-priority": "committed", "x-deadline-ms": "60000"},
-                      json={"model": tier, "max_tokens": COMMITTED_TOKENS, "stream": True,
+                      json={"model": tier, "max_tokens": COMMITTED_TOKENS, "stream": True, "ignore_eos": True,
                             "messages": [{"role": "user", "content": "the thesis, now"}]}) as r:
         assert r.status_code == 200, r.read()
         rid = r.headers["x-request-id"]

@@ -201,7 +201,8 @@ def test_callers_see_only_a_longer_wait_and_the_fleet_reports_the_preemption(fle
 
     def call(prio: str, max_tokens: int) -> httpx.Response:
         return httpx.post(f"{fleet.base_url}/v1/completions", timeout=60, headers={"x-priority": prio},
-                          json={"model": TIER, "prompt": "digest the tape", "max_tokens": max_tokens})
+                          json={"model": TIER, "prompt": "digest the tape", "max_tokens": max_tokens,
+                                "ignore_eos": True})  # each runs to its bound: the counts and the victim
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         bg = [pool.submit(call, "background", 300) for _ in range(2)]

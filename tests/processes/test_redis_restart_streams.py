@@ -19,7 +19,7 @@ from tests.chaos import call, own_fleet, status
 from tests.harness import wait_until
 
 BODY = {"model": "routing", "messages": [{"role": "user", "content": "AAPL beats"}], "max_tokens": 4000,
-        "stream": True}
+        "stream": True, "ignore_eos": True}  # all 4000: still streaming when Redis goes
 STREAMS = 4
 
 

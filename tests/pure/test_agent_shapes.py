@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.chat_shapes import merge_delta, merge_logprobs, message_of
-from fleet.config import load_config
+from fleet.config import SimProfile, load_config
 from fleet.prompt_size import PART_TOKENS, estimate_prompt_tokens
 from fleet.store.events import EXPIRED_IN_LINE, Chunk, Done, Failed, chunk_fields, decode, encode, lua_literal
 from fleet.store.payloads import BadPayload, CallPayload
@@ -19,7 +19,7 @@ from gateway.call_spec import parse_call
 from gateway.errors import APIError
 from tests.harness import TEST_CONFIG
 from workers.engines.base import EngineError, EngineRequest
-from workers.engines.sim_answers import answer, instance
+from workers.engines.sim_answers import answer, instance, natural_length
 
 CFG = load_config(TEST_CONFIG)
 TOOL = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
@@ -113,6 +113,39 @@ def test_the_sim_calls_tools_with_arguments_that_fit_their_schema() -> None:
         answer(EngineRequest.build("r2", "chat", messages=[{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]))
     assert e.value.param == "messages[0].content[0]" and e.value.type == "invalid_request_error"
+
+
+def _plain(rid: str, content: str, max_tokens: int, **fields: object) -> EngineRequest:
+    return EngineRequest.build(rid, "chat", messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+                               **fields)
+
+
+def test_a_plain_answer_ends_of_its_own_accord_at_a_length_the_request_draws() -> None:
+    """As a model's: finish `stop` at a length drawn from the profile by the request (the same for its
+    retry, another id, or a larger bound); `length` only when max_tokens is shorter; `ignore_eos`
+    writes exactly max_tokens, as vLLM does."""
+    profile = SimProfile(typical_output_tokens=40)
+    first = answer(_plain("r1", "thesis?", 4096), profile)
+    n = len(first.pieces)
+    assert first.finish_reason == "stop" and 1 <= n < 4096
+    again = answer(_plain("r1-2", "thesis?", 2000, stream=True), profile)  # a retry, another bound, streamed
+    assert (len(again.pieces), again.finish_reason) == (n, "stop")
+    assert answer(_plain("r1", "thesis?", n), profile).finish_reason == "stop"  # a bound it just fits
+    if n > 1:
+        cut = answer(_plain("r1", "thesis?", n - 1), profile)
+        assert (len(cut.pieces), cut.finish_reason) == (n - 1, "length")
+    eos = answer(_plain("r1", "thesis?", 300, ignore_eos=True), profile)
+    assert (len(eos.pieces), eos.finish_reason) == (300, "length")
+    steady = SimProfile(typical_output_tokens=40, output_tokens_spread=0)
+    assert len(answer(_plain("r1", "thesis?", 4096), steady).pieces) == 40
+
+
+def test_plain_answers_vary_around_the_typical_length() -> None:
+    """Over many requests the lengths spread (log-normal) with the profile's typical length as mean."""
+    profile = SimProfile(typical_output_tokens=120)
+    lengths = [natural_length(_plain(f"r{i}", f"asset {i}", 4096), profile) for i in range(2000)]
+    assert 0.9 * 120 < sum(lengths) / len(lengths) < 1.1 * 120
+    assert min(lengths) < 60 and max(lengths) > 240 and len(set(lengths)) > 100
 
 
 json_schemas = st.recursive(

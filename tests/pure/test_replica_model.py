@@ -65,7 +65,8 @@ async def test_the_sim_engine_streams_what_the_model_says_and_waits_for_kv() -> 
 
     async def run(rid: str) -> int:
         n = 0
-        async for d in e.generate(EngineRequest.build(rid, "completion", prompt="x" * 40, max_tokens=25)):
+        async for d in e.generate(EngineRequest.build(rid, "completion", prompt="x" * 40, max_tokens=25,
+                                                     ignore_eos=True)):
             n = d.completion_tokens
             order.append(rid)
         return n

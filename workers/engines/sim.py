@@ -82,7 +82,7 @@ class SimEngine:
             raise EngineError("engine is not started", "engine_error", "not_started")
         if req.request_id in self._running:
             raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
-        plan = answer(req)  # a typed 400 for what it cannot take, before any time is spent
+        plan = answer(req, self.profile)  # a typed 400 for what it cannot take, before any time is spent
         prompt_tokens = estimate_prompt_tokens(req.kind, req.body)
         steps = len(plan.pieces)
         need = self.model.kv_need(prompt_tokens, steps)

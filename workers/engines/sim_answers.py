@@ -6,23 +6,36 @@ last turn is a tool's result gets text that quotes it, and a call with `response
 gets JSON of that format. Everything is decided from the request alone (deterministic), and
 cut into pieces of about four characters, one per decode step, as a model would emit
 tokens; an answer longer than the call's `max_tokens` is cut there (finish reason `length`).
+
+Plain text ends of its own accord (finish `stop`), as a model's does: its length is drawn from
+the tier's sim profile (`typical_output_tokens`, `output_tokens_spread`) by a hash of the request
+less its bound, so a call re-sent, retried or preempted writes the same length. vLLM's
+`ignore_eos: true` makes it write exactly `max_tokens` (finish `length`), as vLLM does: what
+benchmarks and tests that need a fixed length send.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import orjson
 
+from fleet.config import SimProfile
 from workers.engines.base import EngineError, EngineRequest
 
 WORDS = ("line", "drain", "floor", "ceiling", "shed", "budget", "lease", "tier", "replica", "token",
          "queue", "warm", "burst", "open", "chain", "plan", "route", "asset", "thesis", "signal")
 PIECE_CHARS = 4  # about a token
 _MAX_DEPTH = 8  # a recursive schema stops here
+# What a plain answer's length is not drawn from: its bound and how it is sent. A caller who raises
+# max_tokens (or streams) gets the same answer, cut later or not at all.
+_NOT_LENGTH = frozenset({"max_tokens", "max_completion_tokens", "ignore_eos", "stream", "stream_options"})
+_DEFAULT_PROFILE = SimProfile()
 
 
 @dataclass(slots=True)
@@ -39,8 +52,9 @@ class Answer:
     finish_reason: str = "stop"
 
 
-def answer(req: EngineRequest) -> Answer:
-    """The sim's answer to `req`, at most `req.max_tokens` pieces."""
+def answer(req: EngineRequest, profile: SimProfile = _DEFAULT_PROFILE) -> Answer:
+    """The sim's answer to `req`, at most `req.max_tokens` pieces; plain text as long as
+    `profile` draws it (`natural_length`)."""
     body = req.body
     if req.kind == "chat":
         _check_parts(req.messages or [])
@@ -54,7 +68,7 @@ def answer(req: EngineRequest) -> Answer:
         result = _last_tool_result(req.messages or [])
         if result is not None:
             return _cut(_split(f"The tool said: {result}"), "stop", req.max_tokens)
-    return _words(req)
+    return _words(req, profile)
 
 
 def logprobs_of(piece: Piece, body: dict[str, Any], chat: bool, offset: int) -> dict[str, Any] | None:
@@ -72,12 +86,32 @@ def logprobs_of(piece: Piece, body: dict[str, Any], chat: bool, offset: int) -> 
             "text_offset": [offset]}
 
 
-def _words(req: EngineRequest) -> Answer:
-    """Plain text: `max_tokens` words, as a model that never stops would write (finish `length`)."""
+def natural_length(req: EngineRequest, profile: SimProfile) -> int:
+    """The words a plain answer to `req` has before it stops of its own accord: a log-normal draw
+    of mean `typical_output_tokens` and sigma `output_tokens_spread`, its quantile a hash of the
+    request less its bound (`_NOT_LENGTH`), not random state, so a request gets one length."""
+    typical, sigma = profile.typical_output_tokens, profile.output_tokens_spread
+    if sigma == 0:
+        return typical
+    seen = {k: v for k, v in req.body.items() if k not in _NOT_LENGTH}
+    try:
+        key = orjson.dumps(seen, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an integer past 64 bits in an engine extension: still one length
+        key = repr(sorted(seen.items(), key=str)).encode()
+    digest = hashlib.blake2b(req.kind.encode() + key, digest_size=6)
+    u = (int.from_bytes(digest.digest(), "big") + 0.5) / 2**48  # strictly inside (0, 1): 48 bits fit a float
+    z = NormalDist().inv_cdf(u)
+    return max(1, round(math.exp(math.log(typical) - sigma * sigma / 2 + sigma * z)))
+
+
+def _words(req: EngineRequest, profile: SimProfile) -> Answer:
+    """Plain text: `natural_length` words, finish `stop`; cut at `max_tokens` (finish `length`) when
+    that is shorter; exactly `max_tokens` with `ignore_eos`, as vLLM writes past its end."""
     start = int(hashlib.blake2s(req.request_id.encode(), digest_size=2).hexdigest(), 16) % len(WORDS)
     words = itertools.cycle(WORDS[start:] + WORDS)
-    pieces = [Piece((" " if i else "") + next(words)) for i in range(req.max_tokens)]
-    return Answer(pieces, "length")
+    natural = None if req.ignore_eos else natural_length(req, profile)
+    n, finish = (natural, "stop") if natural is not None and natural <= req.max_tokens else (req.max_tokens, "length")
+    return Answer([Piece((" " if i else "") + next(words)) for i in range(n)], finish)
 
 
 def _cut(pieces: list[Piece], finish: str, max_tokens: int) -> Answer:
