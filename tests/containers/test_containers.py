@@ -203,7 +203,8 @@ def test_a_killed_worker_container_is_replaced_and_its_request_completes_once(st
     def call() -> None:
         try:
             out["r"] = client(s).chat.completions.create(
-                model="fleet-small", messages=[{"role": "user", "content": "long"}], max_tokens=60)  # ~3 s of decode
+                model="fleet-small", messages=[{"role": "user", "content": "long"}], max_tokens=60,
+                extra_body={"ignore_eos": True})  # ~3 s of decode, every token of it
         except Exception as e:  # reported by the assertion below
             out["e"] = e
 
