@@ -287,11 +287,25 @@ async def _respond(gen_blocks: bool, leave_after_first: bool, first_out: asyncio
         return {"type": "http.disconnect"}
 
     client = ClientWatch(receive)  # the call's one watcher of its client, as the gateway hands it over
+    call = _Call(client)
     try:
-        await SSEResponse(gen(), client, {})({"type": "http"}, receive, send)
+        await SSEResponse(gen(), call)({"type": "http"}, receive, send)  # type: ignore[arg-type]
     finally:
         client.stop()
+    assert len(call.told) == 1, call.told  # the response ended its call once, however it stopped
     return sent, seen
+
+
+class _Call:
+    """What of a `Call` the response reads (its headers, its client's watcher) and ends."""
+
+    def __init__(self, client: ClientWatch) -> None:
+        self.headers: dict[str, str] = {}
+        self.client = client
+        self.told: list[str] = []
+
+    async def end(self, told: str, *_: object, **__: object) -> None:
+        self.told.append(told)
 
 
 async def test_a_stream_whose_client_leaves_ends_with_its_clean_up() -> None:
