@@ -133,7 +133,8 @@ class FairLine(BaseModel):
     half_life_s: float = Field(60.0, gt=0)
     # Headers agent clients send that name a session; a call's flow is its X-Chain-Id, else the
     # first of these it carries, else its API key, else its client address.
-    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id", "x-session-affinity"])
+    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id", "x-session-affinity",
+                                                                   "x-claude-code-session-id"])
     # A chain (X-Chain-Id) with no call open for this long is counted complete (status, metrics).
     chain_idle_s: float = Field(30.0, gt=0)
 

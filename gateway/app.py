@@ -32,6 +32,8 @@ from gateway.dashboard import router as dashboard_router
 from gateway.errors import APIError, install_error_handlers, retry_headers
 from gateway.fleet_api import router as fleet_router
 from gateway.hot_paths import Endpoint, dispatch
+from gateway.messages import create as create_message
+from gateway.messages import router as messages_router
 from gateway.models_api import router as models_router
 from gateway.observability import router as metrics_router
 from gateway.openapi import install_openapi
@@ -62,7 +64,7 @@ class GatewayApp(FastAPI):
         super().__init__(docs_url=None, redoc_url=None, **kw)  # no docs pages: /openapi.json is the contract
         self.header_limit = header_limit  # the head's bound, checked on the hot paths too
         self.hot: dict[str, Endpoint] = {"/v1/chat/completions": chat, "/v1/completions": completions,
-                                         "/v1/responses": create_response}
+                                         "/v1/responses": create_response, "/v1/messages": create_message}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and (endpoint := self.hot.get(scope["path"])):
@@ -105,8 +107,8 @@ def create_app(cfg: FleetConfig, redis_url: str) -> FastAPI:
     app.state.keyring = KeyRing.from_config(cfg)  # says at start-up when the gateway runs open
     app.state.status_auth = cfg.gateway.status_auth
     # Fleet state (replica ids, spend, decisions) is for operators: see require_status_reader.
-    app.include_router(completions_router)  # the two completion routes: gateway/completions.py
-    app.include_router(responses_router)  # the Responses API, as chat calls: gateway/responses.py
+    for calls in (completions_router, responses_router, messages_router):  # chat completions, Responses, Messages
+        app.include_router(calls)
     app.include_router(metrics_router, dependencies=[Depends(require_status_reader)])
     app.include_router(dashboard_router)  # the page is public; the status it reads is not
     app.include_router(fleet_router)  # POST /v1/fleet/prewarm

@@ -188,7 +188,15 @@ def authenticate(request: Request) -> Caller:
             raise APIError(401, f"{NO_KEYS_BEYOND_LOOPBACK}: send `Authorization: Bearer <key>` with a key an "
                            "operator made (`fleet keys add NAME`), or set gateway.open: true to serve calls "
                            "without one", code="invalid_api_key")
-    return ring.authenticate(request.headers.get("authorization"))
+    return ring.authenticate(bearer(request))
+
+
+def bearer(request: Request) -> str | None:
+    """The Authorization header; else Anthropic's `x-api-key`, as the Bearer token it stands for."""
+    auth = request.headers.get("authorization")
+    if auth is None and (key := request.headers.get("x-api-key")):
+        return f"Bearer {key}"
+    return auth
 
 
 def require_admin(request: Request) -> Caller:
