@@ -106,6 +106,9 @@ def test_count_tokens_and_anthropic_errors(fleet: tuple[Fleet, Upstream]) -> Non
     with pytest.raises(anthropic.NotFoundError) as nf:
         c.messages.create(model="no-such-tier", max_tokens=5, messages=ask)  # type: ignore[arg-type]
     assert nf.value.body["type"] == "error" and nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError) as bad:  # the fleet's headers are read as on chat
+        c.messages.create(model="routing", max_tokens=5, messages=ask, extra_headers={"X-Priority": "urgent"})  # type: ignore[arg-type]
+    assert bad.value.body["error"]["param"] == "X-Priority"  # type: ignore[index]
     r = httpx.post(f"{f.base_url}/v1/messages", json={"model": "routing", "messages": ask}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
@@ -134,3 +137,36 @@ def test_a_keys_rpm_refusal_is_a_rate_limit_error_with_retry_after(redis_url: st
         with pytest.raises(anthropic.AuthenticationError):
             anthropic.Anthropic(base_url=f.base_url, api_key="wrong", max_retries=0).messages.create(
                 model="routing", max_tokens=5, messages=ask)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tier", TIERS)
+def test_langchain_chat_anthropic_runs_its_tool_loop(fleet: tuple[Fleet, Upstream], tier: str, stream: bool) -> None:
+    """LangGraph's ReAct loop over LangChain's ChatAnthropic pointed at the fleet by base URL:
+    the tool called with the input the model made, its result sent back, a final text quoting it."""
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.tools import tool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    f, _ = fleet
+    ran: list[str] = []
+
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}"
+
+    tools = [tool(weather)]
+    llm = ChatAnthropic(model_name=tier, base_url=f.base_url, api_key="unused", max_tokens=200,  # type: ignore[arg-type, call-arg]
+                        streaming=stream, max_retries=0, timeout=60)
+    model = llm.bind_tools(tools)
+    g = StateGraph(MessagesState)
+    g.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})
+    g.add_node("tools", ToolNode(tools))
+    g.add_edge(START, "model")
+    g.add_conditional_edges("model", tools_condition)
+    g.add_edge("tools", "model")
+    out = g.compile().invoke({"messages": [("user", "Weather in Oslo?")]})
+    assert [m.type for m in out["messages"]] == ["human", "ai", "tool", "ai"]
+    assert len(ran) == 1 and f"Sunny in {ran[0]}" in str(out["messages"][-1].content)
