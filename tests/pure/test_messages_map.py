@@ -165,3 +165,15 @@ def test_x_api_key_is_the_key_and_claude_codes_session_is_a_flow() -> None:
     assert bearer(req((b"authorization", b"Bearer sk-2"), (b"x-api-key", b"sk-1"))) == "Bearer sk-2"
     assert bearer(req()) is None
     assert "x-claude-code-session-id" in FairLine().session_headers
+
+
+def test_reasoning_streams_as_a_thinking_block_before_the_text() -> None:
+    render = MessagesRender(head_of("msg_3", "routing", 3), ["END"])
+    raw = render.chunk(_chunk({"reasoning_content": "hm"})) + render.chunk(_chunk({"content": "Hi"}))
+    raw += asyncio.run(render.done(Done(1, "stop", {"prompt_tokens": 3, "completion_tokens": 2},
+                                        extra={"stop_reason": "END"})))
+    ev = _events(raw)
+    assert [(e["type"], e.get("content_block", e.get("delta", {})).get("type")) for e in ev[1:7]] == [
+        ("content_block_start", "thinking"), ("content_block_delta", "thinking_delta"), ("content_block_stop", None),
+        ("content_block_start", "text"), ("content_block_delta", "text_delta"), ("content_block_stop", None)]
+    assert ev[7]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
