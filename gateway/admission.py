@@ -52,7 +52,7 @@ from fleet.store.heartbeats import read_heartbeats
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
 from fleet.store.replication import Ack
-from fleet.store.retries import JOINED, OTHER_BODY
+from fleet.store.retries import JOINED, OTHER_BODY, Retries
 from fleet.tasks import cancel_and_wait, spawn
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
@@ -80,6 +80,11 @@ class TierView:
 
     capacity: TierCapacity
     replicas: Replicas = NO_REPLICAS
+
+
+# A refused attempt's retry is invited for its Retry-After and this long more: the SDK's backoff
+# jitter and a loaded client.
+INVITED_SLACK_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +121,7 @@ class Admission:
         self.steps: list[ReservationStep] = [RateLimitStep(cfg, redis), KeyBudgetStep(cfg, redis)]
         self.views: dict[str, TierView] = {t: TierView(tier_capacity(tc)) for t, tc in cfg.tiers.items()}
         self.admitting = Admitting(redis)
+        self.retries = Retries(redis)
         b = cfg.client_clock.retry_budget
         self.retry_budget = RetryBudget(b.ratio, max(1, math.ceil(b.window_s)), b.min_per_s)
         self._task: asyncio.Task[None] | None = None
@@ -170,6 +176,11 @@ class Admission:
             await end_all(taken, None)
             if e.status == 429:  # its outcome (shed) is counted by its `Call`
                 metrics.SHED.labels(req.tier, req.priority.name, e.code or "at_capacity").inc()
+                if req.attempt.identity and e.headers.get("x-should-retry") == "true":
+                    # The retry this refusal asks for is invited: it spends no retry budget.
+                    wait_ms = int(e.headers.get("retry-after-ms", "1000")) + INVITED_SLACK_MS
+                    spawn(self.retries.refused(self.keys[req.tier], req.attempt.identity, req.attempt.digest,
+                                               wait_ms))
             raise
         except BaseException:
             # Redis away or the deadline's bound reached: releasing must not hold the caller's

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from fleet.policy.retries import call_identity
 from fleet.prefix import affinity_key
 from fleet.store.admitting import Attempt
 from fleet.store.events import Chunk, Done, Event, Failed
+from fleet.store.flows import Place
 from fleet.tasks import spawn
 from gateway import retry_join
 from gateway.admission import AdmissionRequest, Joined
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from gateway.state import Gateway
 
 log = logging.getLogger("fleet.gateway")
+
+FORGIVEN_S = 0.001  # the half-life that forgives at once what a chain under way was served
 
 SHED, REFUSED, CANCELLED, FAILED, COMPLETED = "shed", "refused", "cancelled", "failed", "completed"
 
@@ -175,8 +178,7 @@ class Call:
             rid=self.rid, caller=self.caller, tier=spec.tier, priority=self.priority, deadline_ms=self.deadline_ms,
             clock=self.clock, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
             expected_output_tokens=output, attempt=attempt, opens_chain=self.opens_chain,
-            place=fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
-                             output_tokens=output, weight=weight)))
+            place=self._place(output, weight)))
         if isinstance(got, Joined):
             self.follow(got.rid)
             return
@@ -191,6 +193,18 @@ class Call:
             watch.ring_apart()
             raise
         self.events = events(self.watch, self.line, self.deadline_at, drop=not self.retryable)
+
+    def _place(self, output: int, weight: float) -> Place | None:
+        """Where it goes in its class of a fair tier. A call of a chain under way is not a flow that
+        is ahead of the others: its chain waits on each call in turn, so what its earlier calls were
+        served is forgiven (it starts at the class's clock, as a new chain does) and new chains
+        do not pass it; calls of it still waiting keep it behind them."""
+        spec = self.spec
+        place = fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
+                           output_tokens=output, weight=weight)
+        if place is not None and self.chain and not self.opens_chain:
+            place = replace(place, half_life_s=FORGIVEN_S)
+        return place
 
     def follow(self, rid: str) -> None:
         """This attempt took over `rid`, the call an earlier attempt of it started and left: read that
@@ -241,7 +255,8 @@ class Call:
         if self.retryable and not self.parked:  # its stream was kept for a retry that will not come
             drop_soon(self.line, self.rid)
         if self.chain_open:  # refused or late unless it completed (a caller hanging up is neither)
-            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED), self.chain_member))
+            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED), self.chain_member,
+                                     served=told == COMPLETED))
         if self.watch is not None:
             self.watch.close()
         if self.events is not None:

@@ -14,7 +14,8 @@ Cluster):
   sent `X-Chain-Deadline-Ms` set it, and every later call is judged on what is left of it;
 - `owner` HASH chain -> the name of the API key whose call opened it (who may cancel it);
 - `cancelled` ZSET chain -> until when (ms) new calls of a chain cancelled whole are refused;
-- `calls:<chain>` SET "tier|request id" of the chain's calls not yet ended (what a cancel ends).
+- `calls:<chain>` SET "tier|request id" of the chain's calls not yet ended (what a cancel ends);
+- `served` HASH chain -> 1 once a call of it completed: the chain is under way.
 
 A chain is complete once no call of it has been open for `idle_s`: the gateway cannot know a
 chain's last call, only that it went quiet. Writer: the gateway's `Call` (a call starts, a call
@@ -37,6 +38,7 @@ from fleet.store.lua import CLOCK
 START = CLOCK + """
 local open_key, idle_key, deadline_key, owner_key, cancelled_key, calls_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
+local served_key = KEYS[7]
 local chain, tier, cls, want_ms, member, owner = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
 redis.call('ZREMRANGEBYSCORE', cancelled_key, '-inf', n2s(now))
 local till = redis.call('ZSCORE', cancelled_key, chain)
@@ -45,7 +47,7 @@ local rec = redis.call('HGET', open_key, chain)
 local under_way = 0
 if rec then
   local first, open, bad, rest = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  if tonumber(open) > 0 or bad == '0' then under_way = 1 end
+  if tonumber(open) > 0 or redis.call('HEXISTS', served_key, chain) == 1 then under_way = 1 end
   rec = first .. '|' .. (tonumber(open) + 1) .. '|' .. bad .. '|' .. rest
 else
   rec = n2s(now) .. '|1|0|' .. tier .. '|' .. cls
@@ -67,9 +69,10 @@ return {0, n2s(left), under_way}
 
 # A call of the chain ended (bad: refused or late).
 END = CLOCK + """
-local open_key, idle_key, calls_key = KEYS[1], KEYS[2], KEYS[3]
-local chain, bad_now, member = ARGV[1], ARGV[2], ARGV[3]
+local open_key, idle_key, calls_key, served_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local chain, bad_now, member, served = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.call('SREM', calls_key, member)
+if served == '1' then redis.call('HSET', served_key, chain, 1) end
 local rec = redis.call('HGET', open_key, chain)
 if not rec then return 0 end
 local first, open, bad, rest = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
@@ -96,7 +99,7 @@ redis.call('DEL', calls_key)
 return out
 """
 
-# KEYS: open idle done times deadline owner ; ARGV: idle_ms batch ; returns chains completed now
+# KEYS: open idle done times deadline owner served ; ARGV: idle_ms batch ; returns chains completed now
 SWEEP = CLOCK + """
 local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', n2s(now - tonumber(ARGV[1])), 'WITHSCORES', 'LIMIT', 0,
   tonumber(ARGV[2]))
@@ -113,6 +116,7 @@ for i = 1, #gone, 2 do
   end
   redis.call('HDEL', KEYS[5], chain)
   redis.call('HDEL', KEYS[6], chain)
+  redis.call('HDEL', KEYS[7], chain)
   redis.call('ZREM', KEYS[2], chain)
 end
 return #gone / 2
@@ -146,7 +150,8 @@ class Chains:
     def __init__(self, redis: Redis, namespace: str) -> None:
         self.redis = redis
         self._k = k = f"{namespace}:{{chains}}:"
-        self.keys = [k + "open", k + "idle", k + "done", k + "times", k + "deadline", k + "owner", k + "cancelled"]
+        self.keys = [k + "open", k + "idle", k + "done", k + "times", k + "deadline", k + "owner", k + "served",
+                     k + "cancelled"]
         self._start = redis.register_script(START)
         self._end = redis.register_script(END)
         self._cancel = redis.register_script(CANCEL)
@@ -159,22 +164,23 @@ class Chains:
                     owner: str = "") -> ChainStart:
         """A call (`member`: "tier|request id") of the chain starts; `deadline_ms` sets the chain's
         deadline if it has none yet; `owner`: the key name that opens it, if it is new."""
-        open_, idle, _, _, deadline, owners, cancelled = self.keys
-        raw = await self._start(keys=[open_, idle, deadline, owners, cancelled, self.calls_key(chain)],
+        open_, idle, _, _, deadline, owners, served, cancelled = self.keys
+        raw = await self._start(keys=[open_, idle, deadline, owners, cancelled, self.calls_key(chain), served],
                                 args=[chain, tier, cls, deadline_ms or 0, member, owner])
         if int(raw[0]) == 1:
             return ChainStart(cancelled_for_ms=max(1, int(raw[1])))
         left = int(raw[1])
         return ChainStart(left_ms=None if left < 0 else left, under_way=int(raw[2]) == 1)
 
-    async def end(self, chain: str, bad: bool, member: str = "") -> None:
-        await self._end(keys=[self.keys[0], self.keys[1], self.calls_key(chain)],
-                        args=[chain, "1" if bad else "0", member])
+    async def end(self, chain: str, bad: bool, member: str = "", served: bool = False) -> None:
+        """A call of the chain ended: `bad` refused or late; `served` completed (the chain is under way)."""
+        await self._end(keys=[self.keys[0], self.keys[1], self.calls_key(chain), self.keys[6]],
+                        args=[chain, "1" if bad else "0", member, "1" if served else "0"])
 
     async def cancel(self, chain: str, hold_ms: int, who: str) -> list[str] | int:
         """Cancel the chain whole (`who`: the caller's key name; "" for an admin): its calls not yet
         ended ("tier|request id"), or 1 (it is another key's chain) or 2 (no such chain)."""
-        open_, _, _, _, _, owners, cancelled = self.keys
+        open_, _, _, _, _, owners, _, cancelled = self.keys
         raw = await self._cancel(keys=[open_, owners, cancelled, self.calls_key(chain)], args=[chain, hold_ms, who])
         if int(raw[0]) != 0:
             return int(raw[0])
@@ -182,7 +188,7 @@ class Chains:
 
     async def sweep(self, idle_s: float, batch: int = 500) -> int:
         """Count as completed the chains with no call open for `idle_s`."""
-        return int(await self._sweep(keys=self.keys[:6], args=[int(idle_s * 1000), batch]))
+        return int(await self._sweep(keys=self.keys[:7], args=[int(idle_s * 1000), batch]))
 
 
 async def read_chains(redis: Redis, namespace: str) -> ChainOutcomes:

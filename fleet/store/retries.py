@@ -5,7 +5,9 @@ Two key families of a tier, both under its hash tag:
 - `retry:<identity>` STRING "state|request id|body digest", state `parked` or `taken`: a call
   whose client left while its SDK will still retry it, kept for `client_clock.retry_grace_s`
   (the key's TTL) for a retry of the same identity to take over (`taken`, with the TTL of that
-  retry's deadline). A key gone means nobody took it in time: the call's owner ends it.
+  retry's deadline). A key gone means nobody took it in time: the call's owner ends it. State
+  `refused`: the fleet refused the attempt and said when to come back; the retry it invited is
+  not charged to the retry budget.
 - `retry-window` HASH `f<second>` / `r<second>`: first attempts and retries that joined nothing,
   per second, over the budget window.
 
@@ -39,6 +41,12 @@ if digest ~= '' then
       redis.call('SET', retry_key, 'taken|' .. rid .. '|' .. d, 'PX', taken_ms)
       return {-1, rid}
     end
+    if state == 'refused' then
+      -- The fleet refused its last attempt and told it when to come back: a retry it asked
+      -- for runs nothing twice, so it is no retry for the budget.
+      redis.call('DEL', retry_key)
+      attempt = 'invited'
+    end
   end
 end
 local sec = math.floor(now / 1000)
@@ -56,7 +64,7 @@ if attempt == 'retry' then
   end
   if retries + 1 > math.max(ratio * firsts, min_per_s * budget_s) then return {-2} end
 end
-redis.call('HINCRBY', window_key, (attempt == 'retry' and 'r' or 'f') .. sec, 1)
+if attempt ~= 'invited' then redis.call('HINCRBY', window_key, (attempt == 'retry' and 'r' or 'f') .. sec, 1) end
 local old = {}
 for i = budget_s, 2 * budget_s do
   old[#old + 1] = 'f' .. (sec - i)
@@ -76,6 +84,11 @@ class Retries:
     async def park(self, keys: TierKeys, identity: str, rid: str, digest: str, grace_ms: int) -> None:
         """The call's client left: keep it `grace_ms` for a retry of `identity` to take over."""
         await self.redis.set(keys.retry(identity), f"parked|{rid}|{digest}", px=max(1, grace_ms))
+
+    async def refused(self, keys: TierKeys, identity: str, digest: str, ttl_ms: int) -> None:
+        """The attempt was refused with a Retry-After: its retry, if it comes within `ttl_ms`, was
+        invited, and spends no retry budget."""
+        await self.redis.set(keys.retry(identity), f"refused|-|{digest}", px=max(1, ttl_ms), nx=True)
 
     async def state(self, keys: TierKeys, identity: str, rid: str) -> str | None:
         """`parked` or `taken` while the record still names `rid`; None once it is gone (or names
