@@ -54,6 +54,7 @@ class PrivateRedis:
     dir: str = ""
     replica_of: int | None = None  # a replica of the server on this loopback port (tests, benches)
     persist: bool = False  # keep every write (AOF, fsync always) in `dir`: a restart on it loads them
+    own_group: bool = False  # a process group of its own: a terminal's Ctrl-C does not stop it under its owner
 
     @property
     def url(self) -> str:
@@ -69,7 +70,7 @@ class PrivateRedis:
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
              "--dir", self.dir, "--maxclients", "10000",
              *(["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0 if self.own_group else None)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if answers(self.url, 0.2):
@@ -91,10 +92,11 @@ class PrivateRedis:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def resolve_redis(wait_s: float = 0.0) -> tuple[str, PrivateRedis | None]:
-    """The Redis URL to use, and the private server if one had to be started. A REDIS_URL that
-    does not answer is tried again for `wait_s` seconds first: a part started while its Redis
-    restarts (as `fleet up` starts them) waits for it rather than exiting."""
+def resolve_redis(wait_s: float = 0.0, *, own_group: bool = False) -> tuple[str, PrivateRedis | None]:
+    """The Redis URL to use, and the private server if one had to be started (`own_group`: in a
+    process group of its own, as `fleet up` starts it, so that it serves its parts until they have
+    drained). A REDIS_URL that does not answer is tried again for `wait_s` seconds first: a part
+    started while its Redis restarts (as `fleet up` starts them) waits for it rather than exiting."""
     url = os.environ.get("REDIS_URL")
     if url:
         end = time.monotonic() + wait_s
@@ -106,5 +108,5 @@ def resolve_redis(wait_s: float = 0.0) -> tuple[str, PrivateRedis | None]:
     local = "redis://127.0.0.1:6379/0"
     if answers(local):
         return local, None
-    private = PrivateRedis().start()
+    private = PrivateRedis(own_group=own_group).start()
     return private.url, private

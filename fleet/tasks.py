@@ -1,11 +1,12 @@
 """Stopping background tasks for sure, even when a cancellation is lost.
 
-A task's cancellation can be swallowed inside a Redis call: redis-py reads each reply
-under `asyncio.timeout` (the client's socket timeout), and on Python 3.11 a cancel that
-lands as that read ends is lost, so the task goes on as if it had never been cancelled.
-A loop that awaits Redis (a heartbeat, a reaper, a listener) then runs for ever, and
-whoever cancels it once and awaits it waits for ever too: a drained replica that never
-exits and keeps beating. `cancel_and_wait` cancels again until the task has ended.
+A task's cancellation can be swallowed: on Python 3.11 `asyncio.wait_for` returns the result of
+what it awaited when the caller is cancelled in the loop turn where that ended, and the caller
+goes on as if it had never been cancelled. redis-py writes every command that way; the parts'
+clients no longer do (`fleet.store.sending`), but a library can still lose one elsewhere. A loop
+that awaits Redis (a heartbeat, a reaper, a listener) then runs for ever, and whoever cancels it
+once and awaits it waits for ever too: a drained replica that never exits and keeps beating.
+`cancel_and_wait` cancels again until the task has ended, and says when it had to.
 """
 
 from __future__ import annotations

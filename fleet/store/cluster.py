@@ -30,6 +30,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError, RedisClusterException
 from redis.retry import Retry as SyncRetry
 
+from fleet.store.sending import cancel_safe
+
 
 class RedisTarget(Protocol):
     """What `fleet.store.connection` passes (its RedisTarget; not imported: it imports this module)."""
@@ -138,6 +140,12 @@ def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), CLUSTER_RETRIES)
     client = FleetCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user, password=password,
                           retry=retry, **opts)
+    # Each node's connections write as the single client's do, a cancel never lost (fleet.store.sending):
+    # the nodes found later are made from these keyword arguments, the seeds were made already.
+    safe = cancel_safe(client.connection_kwargs["connection_class"])
+    client.connection_kwargs["connection_class"] = safe
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = safe
     return client  # type: ignore[return-value]
 
 

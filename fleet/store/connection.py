@@ -44,6 +44,7 @@ from redis.retry import Retry as SyncRetry
 
 from fleet.store.cluster import AnyNodePubSub, cluster_client, cluster_client_sync
 from fleet.store.packing import fast
+from fleet.store.sending import cancel_safe
 
 Role = Literal["calls", "blocking", "pubsub"]
 
@@ -107,8 +108,9 @@ def _single(target: RedisTarget, options: dict[str, Any]) -> Redis:
         pool = BlockingConnectionPool.from_url(target.url, retry=retry, timeout=wait_s, **options)
         client = Redis(connection_pool=pool)
         client.auto_close_connection_pool = True
-    # Commands packed in C (fleet.store.packing); the pool makes its connections from this class.
-    client.connection_pool.connection_class = fast(client.connection_pool.connection_class)
+    # Commands packed in C (fleet.store.packing) and written so that a cancel is never lost
+    # (fleet.store.sending); the pool makes its connections from this class.
+    client.connection_pool.connection_class = fast(cancel_safe(client.connection_pool.connection_class))
     return client
 
 

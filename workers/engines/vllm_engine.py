@@ -136,6 +136,9 @@ class VllmEngine:
             self._counting = _Counting(self._engine, kind.FINAL_ONLY, kind.CUMULATIVE)
             await init_app_state(self._counting, state, args, await self._engine.get_supported_tasks())
             self._serving = {"chat": state.openai_serving_chat, "completion": state.openai_serving_completion}
+            # It holds the engine too, and this frame outlives the call: a frame of vLLM's first imports
+            # (made in `_serve_args`) stays referenced, and with it each caller's, this one's included.
+            del state
             self._read_limits(self._engine)
             await self._warmup()
         except BaseException:
@@ -184,6 +187,10 @@ class VllmEngine:
                 await engine.abort(list(self._inflight.values()))
             except Exception:  # the engine may already be dead
                 log.debug("abort on stop failed", exc_info=True)
+        # vLLM's serving objects and the counting client hold the engine too: let them go, so that it
+        # is freed now, its own __del__ (a second shutdown) run while the interpreter is whole. Left
+        # to interpreter exit, that __del__ met modules already torn down and printed a TypeError.
+        self._serving, self._counting = {}, None
         engine.shutdown()
 
     # -- requests ---------------------------------------------------------
