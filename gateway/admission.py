@@ -216,7 +216,8 @@ class Admission:
             output_tokens=req.expected_output_tokens, deadline_s=req.clock.judged_ms / 1000,
             first_token=req.clock.first_token,
             patience_s=None if req.clock.patience_ms is None else req.clock.patience_ms / 1000,
-            opens_chain=req.opens_chain))
+            opens_chain=req.opens_chain,
+            class_ahead=None if ahead is None else sum(snap.line[: int(req.priority) + 1])))
         if not decision.admitted:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)

@@ -184,6 +184,7 @@ def admit(
     budget_exhausted: bool = False,
     budget_retry_in_s: float | None = None,
     committed_wait_s: float | None = None,
+    deadline_ahead: int | None = None,
 ) -> AdmissionDecision:
     """Admit or refuse one request of class `priority`.
 
@@ -209,7 +210,10 @@ def admit(
     window resets.
     """
     in_line = queue_wait_s(ahead, forecast)
-    done_in = in_line + max(0.0, service_s)
+    # The deadline is judged on every call of its class ahead of it or placed before it later
+    # (`deadline_ahead`; a fair line may still put later calls before it), the limit on `ahead`.
+    done_in = (in_line if deadline_ahead is None else queue_wait_s(max(ahead, deadline_ahead), forecast)) \
+        + max(0.0, service_s)
     deadline = math.inf if deadline_s is None else deadline_s
     if budget_exhausted and priority > Priority.committed:
         retry = budget_retry_in_s if budget_retry_in_s is not None and budget_retry_in_s > 0 else 60.0
@@ -217,15 +221,22 @@ def admit(
                         ahead, f"the tier's budget is spent; {priority.name} work is refused until the window "
                         f"resets in {_whole_seconds(retry)} s (committed work is still served)", final=True)
     if priority == Priority.committed:
-        if committed_wait_s is not None and committed_wait_s < in_line:
-            in_line = committed_wait_s
-            done_in = in_line + max(0.0, service_s)
+        if committed_wait_s is not None and committed_wait_s < done_in - max(0.0, service_s):
+            in_line = min(in_line, committed_wait_s)
+            done_in = committed_wait_s + max(0.0, service_s)
         wait_limit_s = math.inf  # the class limits shed from the bottom; committed is served
     over_deadline = done_in - deadline
     over_limit = in_line - wait_limit_s
     if over_deadline <= 0 and over_limit <= 0:
         return AdmissionDecision(True, None, done_in, min(deadline, wait_limit_s), 0, ahead, "admitted")
-    # Report the bound that is broken by more: that is what the caller must change.
+    return _refused(priority, ahead, forecast, service_s, in_line, done_in, deadline, wait_limit_s)
+
+
+def _refused(priority: Priority, ahead: int, forecast: ServiceForecast, service_s: float, in_line: float,
+             done_in: float, deadline: float, wait_limit_s: float) -> AdmissionDecision:
+    """The refusal for the bound broken by more (that is what the caller must change), with a
+    truthful Retry-After and a message that says why."""
+    over_deadline, over_limit = done_in - deadline, in_line - wait_limit_s
     if over_deadline >= over_limit:
         reason: Reason = "deadline_unmeetable"
         bound, excess = deadline, over_deadline

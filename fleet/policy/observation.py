@@ -157,15 +157,19 @@ class AdmissionInput:
     # The first call of a chain with no call served or open: when a class must be shed, new chains
     # go before chains under way (the work spent on a chain is not thrown away for one not begun).
     opens_chain: bool = False
+    # In a fair tier: every call of its class and higher waiting now, not only those the fair order
+    # puts before it. Its deadline is judged on these: calls that arrive later may still be put
+    # before it, but never more than the line holds while admission keeps it within the deadline.
+    class_ahead: int | None = None
 
     @classmethod
     def for_tier(cls, obs: TierObservation, capacity: TierCapacity, tc: TierConfig, priority: Priority, *,
                  prompt_tokens: int, output_tokens: int, deadline_s: float | None,
                  first_token: bool = False, patience_s: float | None = None,
-                 opens_chain: bool = False) -> AdmissionInput:
+                 opens_chain: bool = False, class_ahead: int | None = None) -> AdmissionInput:
         """The question for a call on a tier configured as `tc` (its wait limit, its ceiling)."""
         return cls(obs, capacity, priority, prompt_tokens, output_tokens, tc.wait_limit(priority), deadline_s,
-                   tc.max_replicas, first_token, patience_s, opens_chain)
+                   tc.max_replicas, first_token, patience_s, opens_chain, class_ahead)
 
 
 # What a call that opens a new chain may wait, as a share of what a call of a chain under way may:
@@ -184,12 +188,14 @@ def judge_admission(q: AdmissionInput) -> AdmissionDecision:
     exhausted = b is not None and b.exhausted
     retry_in = b.retry_at - obs.now if exhausted and b is not None and b.retry_at else None
     ahead = ahead_of(obs, priority)
+    deadline_ahead = None if q.class_ahead is None else max(ahead, q.class_ahead)
     forecast = admission_forecast(obs, cap)
     committed_wait = None
     if priority == Priority.committed:
         reps = obs.replicas
         limits = [n for n in (q.max_replicas, b.ceiling if b is not None else None) if n is not None]
-        committed_wait = wait_with_ceiling_s(ahead, forecast, counted=reps.ready or max(1, reps.starting),
+        waiting_ahead = ahead if deadline_ahead is None else deadline_ahead
+        committed_wait = wait_with_ceiling_s(waiting_ahead, forecast, counted=reps.ready or max(1, reps.starting),
                                              ceiling=min(limits) if limits else None,
                                              per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s)
     # A first token is its prefill and one step; the whole answer, every step.
@@ -203,7 +209,7 @@ def judge_admission(q: AdmissionInput) -> AdmissionDecision:
             deadline_s = service_s + (deadline_s - service_s) * NEW_CHAIN_SHARE
     return admit(priority, ahead=ahead, forecast=forecast, service_s=service_s, wait_limit_s=wait_limit_s,
                  deadline_s=deadline_s, budget_exhausted=exhausted, budget_retry_in_s=retry_in,
-                 committed_wait_s=committed_wait)
+                 committed_wait_s=committed_wait, deadline_ahead=deadline_ahead)
 
 
 # --- scaling --------------------------------------------------------------------------------
