@@ -91,14 +91,15 @@ def invalid_value(e: ValidationError) -> APIError:
     return APIError(422, f"{param}: {err['msg']}", param=param, code="invalid_value")
 
 
-def parse_deadline(request: Request) -> int | None:
-    """`X-Deadline-Ms`: whole milliseconds 1..MAX_DEADLINE_MS in plain digits (None: absent), else a typed 400."""
-    raw = request.headers.get("x-deadline-ms")
+def parse_deadline(request: Request, header: str = "X-Deadline-Ms") -> int | None:
+    """`X-Deadline-Ms` (or another header of its kind, `X-Chain-Deadline-Ms`): whole milliseconds
+    1..MAX_DEADLINE_MS in plain digits (None: absent), else a typed 400 naming the header."""
+    raw = request.headers.get(header.lower())
     if raw is None:
         return None
     if not _DEADLINE.fullmatch(raw) or int(raw) > MAX_DEADLINE_MS:
-        raise APIError(400, f"X-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS} "
-                       f"in plain digits, got {quoted(raw)}", param="X-Deadline-Ms", code="invalid_deadline")
+        raise APIError(400, f"{header} must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS} "
+                       f"in plain digits, got {quoted(raw)}", param=header, code="invalid_deadline")
     return int(raw)
 
 
@@ -148,14 +149,8 @@ def parse_chain_id_value(raw: str, param: str = "X-Chain-Id") -> str:
 
 
 def parse_chain_deadline(request: Request) -> int | None:
-    """`X-Chain-Deadline-Ms`: the chain's deadline from receipt, as `X-Deadline-Ms` is read (None: absent)."""
-    raw = request.headers.get("x-chain-deadline-ms")
-    if raw is None:
-        return None
-    if not _DEADLINE.fullmatch(raw) or int(raw) > MAX_DEADLINE_MS:
-        raise APIError(400, f"X-Chain-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS} "
-                       f"in plain digits, got {quoted(raw)}", param="X-Chain-Deadline-Ms", code="invalid_deadline")
-    return int(raw)
+    """`X-Chain-Deadline-Ms`: the chain's deadline from receipt, read as `X-Deadline-Ms` is (None: absent)."""
+    return parse_deadline(request, "X-Chain-Deadline-Ms")
 
 
 class HeaderLimit:

@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import orjson
 import pytest
 
-from tests.harness import Fleet, serving, wait_until
+from tests.harness import Fleet, wait_until
 
-CONFIG = Path(__file__).resolve().parent.parent / "fleet-clock.yaml"
 TIER = "slow"
 
 
 @pytest.fixture(scope="module")
-def fleet(redis_url: str) -> Iterator[Fleet]:
-    with serving(redis_url, (TIER,), config_path=CONFIG) as f:
-        yield f
+def fleet(clock_fleet: Fleet) -> Fleet:
+    return clock_fleet
 
 
 def body(tokens: int, text: str, *, stream: bool = False) -> dict[str, object]:

@@ -1,0 +1,19 @@
+"""Fixtures the process tests of one config share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Fleet, serving
+
+CLOCK_CONFIG = Path(__file__).resolve().parent.parent / "fleet-clock.yaml"
+
+
+@pytest.fixture(scope="module")
+def clock_fleet(redis_url: str) -> Iterator[Fleet]:
+    """The client-clock fleet (tests/fleet-clock.yaml): its `slow` tier, 10 ms a token, up and ready."""
+    with serving(redis_url, ("slow",), config_path=CLOCK_CONFIG) as f:
+        yield f
