@@ -158,7 +158,8 @@ def report(name: str, t: Tally, capacity: int | None) -> str:
     refused = t.responses.get(429, 0)
     return (f"{name:<22} answered {t.answered:>4} ({share:>4} of capacity)  attempts {t.attempts:>5}  "
             f"abandoned {t.abandoned:>4} ({100 * t.abandoned / max(1, t.attempts):.0f}%)  429 {refused:>4}  "
-            f"504 {ended_504:>3} ({100 * ended_504 / max(1, t.answered):.0f}% of answered)  chains {t.chains_done}/{t.chains_done + t.chains_failed}  "
+            f"504 {ended_504:>3} ({100 * ended_504 / max(1, t.answered):.0f}% of answered)  "
+            f"chains {t.chains_done}/{t.chains_done + t.chains_failed}  "
             f"in done chains {100 * in_done / max(1, t.answered):.0f}%  attempts/answer {per:.2f}")
 
 

@@ -24,9 +24,9 @@ async def line(store_url: str):  # type: ignore[no-untyped-def]
     await r.aclose()
 
 
-async def gate(line: Line, attempt: Attempt, budget: RetryBudget = RetryBudget()) -> AdmissionSnapshot | Gated:
+async def gate(line: Line, attempt: Attempt, budget: RetryBudget | None = None) -> AdmissionSnapshot | Gated:
     return await Admitting(line.redis).observe_and_mark(line.keys, line.prefix, f"1:{uuid.uuid4().hex}", 5000,
-                                                        attempt=attempt, budget=budget)
+                                                        attempt=attempt, budget=budget or RetryBudget())
 
 
 async def test_a_retry_takes_over_a_parked_call_once(line: Line) -> None:
