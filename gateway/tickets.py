@@ -123,7 +123,7 @@ class Ticket:
     async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.
 
-        Completed: settle with the real usage. Cancelled or expired after an engine
+        Completed: settle with the real usage (without it, as below). Cancelled or expired after an engine
         took it: the engine made tokens the gateway cannot count, so settle at the
         worst case reserved (otherwise hanging up just before the end would make
         any call free for the key's budget and limits). Anything else (refused,
@@ -133,7 +133,9 @@ class Ticket:
             return
         self.closed = True
         settle_with = usage if outcome == "completed" else None
-        if outcome in ("cancelled", "expired") and self.reservations:
+        # A call that completed just as its caller hung up ends with no usage seen: like a cancel
+        # after an engine took it, it is charged what was reserved, never nothing.
+        if settle_with is None and outcome in ("completed", "cancelled", "expired") and self.reservations:
             attempt = await self.redis.hget(self.request_key, "attempt")
             if attempt is not None and int(attempt) > 0:
                 settle_with = Usage(self.req.prompt_tokens, self.req.max_tokens)
