@@ -56,20 +56,38 @@ def valid_timezone(v: str) -> str:
 
 
 class PrewarmWindow(_Strict):
-    """A known burst: raise the floor at `cron` for `duration_s`."""
+    """A known burst: the floor is at least `floor` for `duration_s`, from each start of `cron`,
+    or with the replicas ready by each `ready_at` (the scaler starts them the tier's p95 cold
+    start and a tick before: `fleet.policy.prewarm`). Exactly one of the two."""
 
-    cron: str
+    cron: str | None = None
+    ready_at: str | None = None
     floor: int = Field(ge=0)
     duration_s: float = Field(gt=0)
 
-    @field_validator("cron")
+    @field_validator("cron", "ready_at")
     @classmethod
-    def _valid_cron(cls, v: str) -> str:
+    def _valid_cron(cls, v: str | None) -> str | None:
         from croniter import croniter
 
-        if not croniter.is_valid(v):
+        if v is not None and not croniter.is_valid(v):
             raise ValueError(f"not a valid cron expression: {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _one_time(self) -> PrewarmWindow:
+        if self.cron is not None and self.ready_at is not None:
+            raise ValueError("give either cron (when to start) or ready_at (when the replicas must be ready), "
+                             "not both")
+        if self.cron is None and self.ready_at is None:
+            raise ValueError("a pre-warm window needs ready_at (when the replicas must be ready) or cron "
+                             "(when to start)")
+        return self
+
+    @property
+    def at(self) -> str:
+        """The window's cron: its ready time (`ready_at`) or its start (`cron`)."""
+        return self.ready_at if self.ready_at is not None else self.cron  # type: ignore[return-value]
 
 
 class BudgetWindow(_Strict):
@@ -83,7 +101,7 @@ class BudgetWindow(_Strict):
     @field_validator("cron")
     @classmethod
     def _valid_cron(cls, v: str) -> str:
-        return PrewarmWindow._valid_cron(v)
+        return PrewarmWindow._valid_cron(v)  # type: ignore[return-value]
 
 
 class Budget(_Strict):

@@ -8,8 +8,11 @@ from typing import Any
 import click
 
 from simulator.arrivals import build_trace
-from simulator.bound import clairvoyant_bound, hours, served_bound
-from simulator.fairness import FAIRNESS_EXPECT, fairness_checks, fairness_rows, flow_summary, render_fairness
+from simulator.bound import hours, served_bound
+from simulator.compare import bound, fairness_jobs, fairness_rows_from, in_order, others, policy_summary
+from simulator.fairness import FAIRNESS_EXPECT, fairness_checks, flow_summary, render_fairness
+from simulator.parallel import Job, SideJobs
+from simulator.progress import Progress
 from simulator.report import (
     checks,
     compare_rows,
@@ -19,7 +22,7 @@ from simulator.report import (
     summarize,
     with_bounds,
 )
-from simulator.run import POLICIES, UnknownPolicy, make_policy, simulate
+from simulator.run import UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario
 
 
@@ -50,16 +53,47 @@ def _bound_json(bound: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fairness(sc: Any, policy: str, seed: int, trace: Any, main: Any,
-              compare: bool) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
-    """The chains' outcomes (`flows`) and, with --compare or when the scenario expects it, fair
-    against fifo on the same trace (`fairness_compare`) with its checks (docs/fair-line.md)."""
+def _wants_fairness(sc: Any, compare: bool) -> bool:
+    """Fair against fifo is replayed with --compare, or when the scenario expects it."""
+    return compare or any(k in sc.spec.expect for k in FAIRNESS_EXPECT)
+
+
+def _fairness(sc: Any, main: Any,
+              rows: list[dict[str, Any]] | None) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
+    """The chains' outcomes (`flows`) and, where replayed, fair against fifo on the same trace
+    (`fairness_compare`) with its checks (docs/fair-line.md)."""
     exp = sc.spec.expect
     out: dict[str, Any] = {"flows": flow_summary(main, exp.get("flood_key"))}
-    if not (compare or any(k in exp for k in FAIRNESS_EXPECT)):
+    if rows is None:
         return out, []
-    out["fairness_compare"] = rows = fairness_rows(sc, policy, seed, trace)
+    out["fairness_compare"] = rows
     return out, fairness_checks(rows, exp)
+
+
+def _replays(sc: Any, policy: str, seed: int, trace: Any, compare: bool,
+             plot_path: str | None) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The main replay (here, with its progress on a terminal) and what goes beside it, in
+    worker processes (`simulator.parallel`): the other policies summarised, the fairness runs,
+    the clairvoyant bounds. Returns the main result, the others' results (only with --plot,
+    which draws them: then they are replayed here) and the side results by name."""
+    names = others(policy) if compare else []
+    fair_runs, fair_jobs = fairness_jobs(sc, policy, seed) if _wants_fairness(sc, compare) else ([], [])
+    bounds = {"floors": (3, True), **({"committed": (0, False)} if compare or policy == "fleet" else {}),
+              **({"all": (3, False)} if compare else {})}
+    jobs: list[Job] = [*fair_jobs, *((policy_summary, (n, seed)) for n in names if not plot_path),
+                       *((bound, args) for args in bounds.values())]
+    keys = [*(f"fair:{r}" for r in fair_runs), *(f"policy:{n}" for n in names if not plot_path),
+            *(f"bound:{b}" for b in bounds)]
+    progress = Progress(sc, policy)
+    try:
+        with SideJobs(sc, trace, jobs) as side:
+            progress.watch(side.done, len(jobs))
+            main = simulate(sc, policy, seed, trace, progress=progress)
+            full = [simulate(sc, n, seed, trace, progress=progress) for n in in_order(policy)] if plot_path else []
+            got = dict(zip(keys, side.collect(progress.side), strict=True))
+    finally:
+        progress.close()
+    return main, full, got
 
 
 def _echo_flows(doc: dict[str, Any]) -> None:
@@ -85,20 +119,22 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
         return 2
     seed = sc.spec.seed if seed is None else seed
     trace = build_trace(sc, seed)
-    main = simulate(sc, policy, seed, trace)
-    others = [simulate(sc, name, seed, trace) for name in POLICIES if name != policy] if compare else []
-    bound = clairvoyant_bound(sc, trace) if compare or policy == "fleet" else None
-    bound_all = clairvoyant_bound(sc, trace, max_class=3) if compare else None
-    bound_floors = clairvoyant_bound(sc, trace, max_class=3, keep_floor=True)
+    main, full, side = _replays(sc, policy, seed, trace, compare, plot_path)
+    bound, bound_all = side.get("bound:committed"), side.get("bound:all")
+    bound_floors = side["bound:floors"]
     floors_hours = hours(bound_floors)
     served = served_bound(sc, trace, main)
     summary = with_bounds(summarize(main), hours(served), floors_hours)
     rows = None
     if compare:
-        rows = compare_rows([summary, *(with_bounds(summarize(o, timeline=False), hours(served_bound(sc, trace, o)),
-                                                    floors_hours) for o in others)],
+        rest = ([(summarize(o, timeline=False), hours(served_bound(sc, trace, o))) for o in full] if plot_path
+                else [side[f"policy:{n}"] for n in in_order(policy)])
+        rows = compare_rows([summary, *(with_bounds(s, h, floors_hours) for s, h in rest)],
                             bound, bound_all, bound_floors)
-    flows, fair_checks = _fairness(sc, policy, seed, trace, main, compare)
+    fair_rows = (fairness_rows_from(sc, main, {k.removeprefix("fair:"): v for k, v in side.items()
+                                               if k.startswith("fair:")})
+                 if _wants_fairness(sc, compare) else None)
+    flows, fair_checks = _fairness(sc, main, fair_rows)
     judged = checks(main, hours(served), rows) + fair_checks
     doc: dict[str, Any] = {**summary, **flows,
                            "checks": [{"check": n, "passed": ok, "seen": seen} for n, ok, seen in judged]}
@@ -115,7 +151,7 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     if plot_path:
         from simulator.plot import plot
 
-        plot(main, plot_path, others or None)
+        plot(main, plot_path, full or None)
     if as_json:
         import orjson
 

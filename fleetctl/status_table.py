@@ -11,7 +11,9 @@ the table. `--wide` adds the rest and draws the tables at their full width.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, NamedTuple
+from zoneinfo import ZoneInfo
 
 from rich import box
 from rich.console import Console
@@ -132,6 +134,21 @@ def _table(title: str, columns: Iterable[Column], rows: list[Row], room: int, wi
     return t, sum(widths) + GAP * (len(widths) - 1)
 
 
+def _clock(t: float, tz: str) -> str:
+    return datetime.fromtimestamp(t, ZoneInfo(tz)).strftime("%a %H:%M:%S")
+
+
+def window_line(tier: str, w: dict[str, Any]) -> str:
+    """One scheduled pre-warm window as the scaler plans it: when its replicas start, and why."""
+    tz = w["timezone"]
+    when = "raised now" if w["active"] else "next"
+    if w["kind"] == "ready_at":
+        head = f"floor {w['floor']} ready by {_clock(w['ready_by'], tz)}, replicas start {_clock(w['start'], tz)}"
+    else:
+        head = f"floor {w['floor']} from {_clock(w['ready_by'], tz)}, replicas start {_clock(w['start'], tz)}"
+    return f"{tier}: pre-warm ({when}) {head}, until {_clock(w['end'], tz)} {tz}: {w['why']}"
+
+
 def render(doc: dict[str, Any], console: Console | None = None, *, wide: bool = False) -> None:
     """The status document as tables: each tier's line, drain and replicas; the scaler's last
     reason; spend against budget. Narrow (the default) fits the console; `wide` shows every
@@ -154,6 +171,8 @@ def render(doc: dict[str, Any], console: Console | None = None, *, wide: bool = 
             pw = s.get("prewarm")
             extra = f"  [pre-warm floor {pw['floor']}, {pw['source']}]" if pw else ""
             console.print(f"{tier}: {s['last_decision']['reason']}{extra}", markup=False)
+        for w in s.get("prewarm_windows") or ():  # each scheduled window's planned start, and why
+            console.print(window_line(tier, w), markup=False)
     for t in tables[1:]:
         console.print(t)
     if not wide:

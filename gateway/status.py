@@ -13,9 +13,18 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from fleet.config import CLASSES, FleetConfig
+from fleet.config import CLASSES, FleetConfig, TierConfig
 from fleet.observe import read_tier
-from fleet.policy import arrival_rate, calibrated_capacity, drain_s, replicas_by_version, service_rate, waiting
+from fleet.policy import (
+    arrival_rate,
+    calibrated_capacity,
+    drain_s,
+    modelled_startup_s,
+    replicas_by_version,
+    service_rate,
+    waiting,
+)
+from fleet.policy.prewarm import planning_cold_start, prewarm_lead_s, window_plans
 from fleet.store.capacity import read_calibration
 from fleet.store.chains import ChainOutcomes, read_chains
 from fleet.store.line import Line
@@ -62,6 +71,21 @@ def budget_status(state: BudgetState | None) -> dict[str, Any]:
     }
 
 
+SCALER_TICK_S = 1.0  # `fleet scaler --tick`'s default: the margin a pre-warm's plan adds per tick
+
+
+def prewarm_windows(tc: TierConfig, now: float, startup_s: float, cold_starts: list[float]) -> list[dict[str, Any]]:
+    """Each scheduled pre-warm window's instance in force or next, planned by the scaler's own
+    rule (`fleet.policy.prewarm`): when its replicas start, when they must be ready, and why.
+    A `ready_at` window plans on the p95 of the replicas' cold starts as they report them
+    (the scaler's own launch-to-ready measurements stay in the scaler), else the model's."""
+    cold = planning_cold_start((), cold_starts, modelled_startup_s(tc))
+    plans = window_plans(tc.prewarm, now, lead_s=prewarm_lead_s(startup_s, SCALER_TICK_S), startup_s=startup_s,
+                         cold=cold, tick_s=SCALER_TICK_S, tz=tc.budget.timezone)
+    return [{"kind": p.kind, "cron": p.cron, "floor": p.floor, "start": p.start, "ready_by": p.at, "end": p.end,
+             "active": p.active, "why": p.why, "timezone": tc.budget.timezone} for p in plans]
+
+
 def model_status(rec: ModelRecord | None, seed: str) -> dict[str, Any]:
     """What the model registry says of the tier: the live version, the previous known-good, the
     rollout (state: rolling, canary, done) and when it started."""
@@ -104,6 +128,8 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
         "ceiling_by": sc.ceiling_by if sc else "max_replicas",
         "prewarm": ({"floor": sc.prewarm_floor, "until": sc.prewarm_until, "source": sc.prewarm_source}
                     if sc and sc.prewarm_floor else None),
+        "prewarm_windows": prewarm_windows(tc, obs.now, cap.startup_s,
+                                           [r.cold_start_s for r in live.beats if r.cold_start_s is not None]),
         "last_decision": ({"action": sc.action, "delta": sc.delta, "reason": sc.reason, "at": sc.at,
                            "last_change": sc.last_reason or None} if sc else None),
         **budget_status(live.budget),

@@ -49,6 +49,9 @@ class Arrival:
     t: float
     call: Call
     deadline_s: float
+    # The scenario states its deadline (its own, or its class's); else it is the fleet's default,
+    # and its objective is its class's wait limit (`simulator.objectives`).
+    stated: bool = True
 
 
 @dataclass
@@ -150,17 +153,24 @@ def build_trace(sc: Scenario, seed: int | None = None) -> Trace:
             gc.enable()
 
 
+def _states_deadline(sc: Scenario, cls: str, given: float | None) -> bool:
+    """Whether a call of `cls` carries a deadline of its own (or its class's in the scenario's
+    `deadlines_ms`), rather than the fleet's `default_deadline_ms`."""
+    return given is not None or cls in sc.spec.deadlines_ms
+
+
 def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> list[Arrival]:
     """A trace arrival's calls, each in its class (drawn by the fractions when split)."""
-    shares = [(int(Priority[name]), cum, sc.deadline_ms(name, a.deadline_ms) / 1000) for name, cum in a.fractions()]
+    shares = [(int(Priority[name]), cum, sc.deadline_ms(name, a.deadline_ms) / 1000,
+               _states_deadline(sc, name, a.deadline_ms)) for name, cum in a.fractions()]
     out = []
     for t, prompt, output in sc.trace_calls(a, rng):
         if len(shares) == 1:
-            cls, _, dl = shares[0]
+            cls, _, dl, stated = shares[0]
         else:
             u = rng.random()
-            cls, _, dl = next((x for x in shares if u < x[1]), shares[-1])
-        out.append(Arrival(t, Call(tier, cls, prompt, output, "anonymous"), dl))  # a trace names no caller
+            cls, _, dl, stated = next((x for x in shares if u < x[1]), shares[-1])
+        out.append(Arrival(t, Call(tier, cls, prompt, output, "anonymous"), dl, stated))  # a trace names no caller
     return out
 
 
@@ -175,12 +185,13 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
             continue
         cls = int(Priority[a.cls])
         deadline_s = sc.deadline_ms(a.cls, a.deadline_ms) / 1000
+        stated = _states_deadline(sc, a.cls, a.deadline_ms)
         prompt, output = sampler(a.prompt_tokens), sampler(a.output_tokens)
         # Without a key, one anonymous caller (as one client without a key is live): its calls
         # keep arrival order among themselves; chains and named keys are flows of their own.
         flow = f"key:{a.key}" if a.key else "anonymous"
         for t in _times(sc, a, rng):
-            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s))
+            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s, stated))
     chains: list[ChainArrival] = []
     for i, c in enumerate(sc.spec.chains):
         rng = random.Random(f"{seed}/chains/{i}")

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from collections.abc import Callable
 from heapq import heappop
 
 from fleet.config import CLASSES, Priority
 from fleet.policy import TierObservation, arrival_rate, drain_s, rate
-from fleet.policy.fairness import fair_line
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
 from simulator.gpus import SimGpus
@@ -43,8 +42,10 @@ _PRIORITIES = tuple(Priority)
 
 
 class Simulator:
-    def __init__(self, scenario: Scenario, trace: Trace, policy: SimPolicy, fairness: str | None = None) -> None:
+    def __init__(self, scenario: Scenario, trace: Trace, policy: SimPolicy, fairness: str | None = None,
+                 progress: Callable[[float], None] | None = None) -> None:
         self.sc = scenario
+        self.progress = progress  # told the simulated time at every tick (`simulator.progress`)
         self.cfg = scenario.cfg
         self.trace = trace
         self.policy = policy
@@ -80,16 +81,17 @@ class Simulator:
     # --- calls ----------------------------------------------------------------
 
     def arrive(self, call: Call, deadline_s: float, chain: ChainRun | None = None, stage: int = 0,
-               idx: int = 0) -> None:
+               idx: int = 0, stated: bool = True) -> None:
+        """A call arrives: admitted or shed by the policy; `stated`: it carries a deadline (its
+        objective), else its objective is its class's wait limit."""
         tier = self.tiers[call.tier]
         out = tier.outcomes[call.cls]
         out.arrived += 1
+        if not stated:
+            out.wait_objective += 1
         tier.offered += 1
         if self.policy.sheds:
-            obs = tier.observation(self.t, fresh=False)
-            ahead = tier.ahead_in_class(call, self.t)
-            if ahead is not None:  # as the gateway: only what the fair order puts before it
-                obs = replace(obs, line=fair_line(obs.line, _PRIORITIES[call.cls], ahead))
+            obs = tier.observation(self.t, fresh=False, call=call)  # a fair tier: what goes before it
             reason = self.policy.admit(obs, tier.tc, _PRIORITIES[call.cls], call.prompt, deadline_s)
             if reason is not None:
                 out.shed[reason] = out.shed.get(reason, 0) + 1
@@ -97,7 +99,8 @@ class Simulator:
                     self.chain_end(chain, "shed", reason)
                 return
         out.accepted += 1
-        self.serving.enqueue(tier, Req(call, tier, self.t, self.t + deadline_s, chain, stage, idx))
+        self.serving.enqueue(tier, Req(call, tier, self.t, self.t + deadline_s, chain, stage, idx,
+                                       None if stated else tier.wait_goal[call.cls]))
 
     # --- chains (CallEnds) ------------------------------------------------------
 
@@ -178,6 +181,8 @@ class Simulator:
             self.samples[tier.name].append(Sample(
                 self.t, offered, arrival_rate(obs), tier.waiting, drain_s(obs),
                 tier.n_starting, tier.n_ready, tier.n_draining, tier.spend_usd))
+        if self.progress is not None:
+            self.progress(self.t)
         shares = self.serving.shares
         if self.t + 1e-9 >= self._next_window:
             self._next_window = self.t + shares.window_s
@@ -243,7 +248,7 @@ class Simulator:
                 self.events.t = t
                 events += 1
                 if isinstance(x, Arrival):
-                    self.arrive(x.call, x.deadline_s)
+                    self.arrive(x.call, x.deadline_s, stated=x.stated)
                 else:
                     self.start_chain(x)
             else:

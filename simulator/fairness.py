@@ -45,18 +45,40 @@ def flow_summary(r: SimResult, flood_key: str | None = None) -> dict[str, Any]:
     }
 
 
-def fairness_rows(sc: Scenario, policy: str, seed: int, trace: Trace) -> list[dict[str, Any]]:
-    """fair, fifo (and fair with no flood) on the same trace, one row each."""
+def fairness_runs(sc: Scenario) -> list[str]:
+    """The runs `fairness_rows` holds: fair, fifo, and fair with no flood where the scenario
+    names its `flood_key`."""
+    return ["fair", "fifo", *(["fair, no flood"] if sc.spec.expect.get("flood_key") else [])]
+
+
+def fairness_run(sc: Scenario, trace: Trace, policy: str, seed: int, run: str) -> dict[str, Any]:
+    """One row of `fairness_rows`: the replay `run` names, summarised (a `simulator.parallel` job)."""
     flood = sc.spec.expect.get("flood_key")
-    rows = []
-    for mode in ("fair", "fifo"):
-        row = flow_summary(simulate(sc, policy, seed, trace, fairness=mode), flood)
-        rows.append({"run": mode, **row})
-    if flood:
+    if run == "fair, no flood":
         alone = Trace([a for a in trace.arrivals if a.call.flow != f"key:{flood}"], trace.chains)
-        quiet = simulate(sc, policy, seed, alone, fairness="fair")
-        rows.append({"run": "fair, no flood", **flow_summary(quiet, flood)})
-    return rows
+        return {"run": run, **flow_summary(simulate(sc, policy, seed, alone, fairness="fair"), flood)}
+    return {"run": run, **flow_summary(simulate(sc, policy, seed, trace, fairness=run), flood)}
+
+
+def is_main_run(sc: Scenario, run: str) -> bool:
+    """Whether the run is the scenario's own replay: every tier already orders its classes as
+    `run` says, and it replays the whole trace."""
+    return run in ("fair", "fifo") and all(tc.fairness == run for tc in sc.cfg.tiers.values())
+
+
+def reused_row(sc: Scenario, main: SimResult | None, run: str) -> dict[str, Any] | None:
+    """The row of `run` from the main replay (the policy's, as configured), where it is that
+    very replay (`is_main_run`); else None: it must be replayed."""
+    if main is None or main.fairness is not None or not is_main_run(sc, run):
+        return None
+    return {"run": run, **flow_summary(main, sc.spec.expect.get("flood_key")), "fairness": run}
+
+
+def fairness_rows(sc: Scenario, policy: str, seed: int, trace: Trace,
+                  main: SimResult | None = None) -> list[dict[str, Any]]:
+    """fair, fifo (and fair with no flood) on the same trace, one row each. `main`: the replay of
+    `policy` on `trace` as configured, reused for the run it already is."""
+    return [reused_row(sc, main, run) or fairness_run(sc, trace, policy, seed, run) for run in fairness_runs(sc)]
 
 
 def fairness_checks(rows: list[dict[str, Any]], exp: dict[str, Any]) -> list[tuple[str, bool, str]]:

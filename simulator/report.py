@@ -13,6 +13,7 @@ from typing import Any
 
 from fleet.config import CLASSES
 from fleet.policy.tier_budget import cost_per_useful_million
+from simulator import objectives
 from simulator.bound import TierBound
 from simulator.results import SimResult
 
@@ -74,6 +75,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "shed": dict(sorted(o.shed.items())), "expired": o.expired_waiting + o.expired_running,
                 "expired_waiting": o.expired_waiting, "expired_running": o.expired_running,
                 "preempted": o.preempted,
+                "within_objective": o.within_objective,
                 "unfinished_at_end": unfinished,
                 "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
                 "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
@@ -112,6 +114,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
         "goodput_rps": round(total_completed / dur, 4),
         "committed_goodput_rps": round(committed_completed / dur, 4),
         "committed_on_time": committed_completed, "committed_arrived": committed_accepted_or_shed,
+        "objectives": objectives.attainment(r),
         "replica_hours": round(sum(t.replica_seconds for t in r.tiers.values()) / 3600, 3),
         "spend_usd": round(spend, 4),
         "cost_per_million_useful_tokens_usd": _num(cost_per_useful_million(spend, useful_all, dur), 4),
@@ -286,6 +289,8 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
     if rows:
         out.append(_table(["chain", "started", "completed", "timed out", "shed"], rows))
         out.append("")
+    if s.get("objectives"):
+        out.append(objectives.render(s["objectives"]))
     out.append(f"goodput {s['goodput_rps']:.2f} req/s (committed {s['committed_goodput_rps']:.2f}); "
                f"replica-hours {s['replica_hours']:.2f}; spend ${s['spend_usd']:.2f} "
                f"({'within' if s['within_budget'] else 'OVER'} budget); "
@@ -327,6 +332,7 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
             "bound_ratio_every_call": round(s["replica_hours"] / ref, 3) if ref > 0 else None,
             "served_bound_replica_hours": (s.get("bound") or {}).get("served_replica_hours"),
             "budget_use": s["budget_use"],
+            "objectives": objectives.shares(s.get("objectives") or {}),
         })
     rows.sort(key=lambda r: (-r["goodput_rps"], r["replica_hours"], r["spend_usd"]))
     for i, r in enumerate(rows, 1):
@@ -346,7 +352,7 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
                          "bound_ratio": None,  # a bound has no served calls of its own
                          "bound_ratio_every_call": (round(sum(x.replica_seconds for x in b.values()) / 3600 / ref, 3)
                                                     if ref > 0 else None),
-                         "served_bound_replica_hours": None,
+                         "served_bound_replica_hours": None, "objectives": None,
                          "rank_replica_hours": None, "rank_spend_usd": None})
     return rows
 
@@ -362,10 +368,10 @@ def render_compare(rows: list[dict[str, Any]]) -> str:
               "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "NO"),
               "-" if r["flaps"] is None else str(r["flaps"]), _f(r.get("served_bound_replica_hours")),
               _f(r["bound_ratio"]), _f(r.get("bound_ratio_every_call")),
-              _use(r["budget_use"])] for r in rows]
+              _use(r["budget_use"]), objectives.cell(r.get("objectives"))] for r in rows]
     return _table(["policy", "#", "goodput/s", "committed/s", "committed missed", "committed chains failed",
                    "replica-h (#)", "spend $ (#)", "$/M useful", "in budget", "flaps", "served bound h",
-                   "x served bound", "x every call", "budget use (highest)"], table)
+                   "x served bound", "x every call", "budget use (highest)", "within objective %"], table)
 
 
 def _use(use: dict[str, float] | None) -> str:

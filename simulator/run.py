@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from simulator.arrivals import Trace, build_trace
 from simulator.baselines import BASELINES
 from simulator.engine import Simulator
@@ -24,12 +26,14 @@ def make_policy(name: str) -> SimPolicy:
 
 
 def simulate(sc: Scenario, policy: str | SimPolicy = "fleet", seed: int | None = None,
-             trace: Trace | None = None, fairness: str | None = None) -> SimResult:
+             trace: Trace | None = None, fairness: str | None = None,
+             progress: Callable[[float], None] | None = None) -> SimResult:
     """Replay the scenario's trace (drawn for `seed`, default the scenario's) under one policy.
-    `fairness` ("fair" or "fifo"): every tier's order within a class, whatever its config says."""
+    `fairness` ("fair" or "fifo"): every tier's order within a class, whatever its config says.
+    `progress`: told the simulated time (seconds into the replay) now and then."""
     p = make_policy(policy) if isinstance(policy, str) else policy
     seed = sc.spec.seed if seed is None else seed
     tr = trace if trace is not None else build_trace(sc, seed)
-    result = Simulator(sc, tr, p, fairness).run()
+    result = Simulator(sc, tr, p, fairness, progress).run()
     result.seed = seed
     return result

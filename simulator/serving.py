@@ -201,6 +201,8 @@ class Serving:
         r.model.reserve(req.kv)
         tier.in_flight += 1
         self.calls_on.setdefault(r.id, {})[req] = None
+        if req.preempted < tier.tc.preemption.max_preemptions:
+            tier.preemptible[req.call.cls] += 1
         # Its prefill computes what the replica has not cached of its prompt (`fleet.replica_model.PrefixCache`).
         key = prefix_of(req)
         computed = r.model.prefixes.uncached_tokens(key, req.call.prompt)
@@ -252,9 +254,14 @@ class Serving:
         out.completed += 1
         tier.served.append(req.call)
         tier.done_times.append(t)
-        out.waits.append(req.start - req.t_arr)
+        wait = req.start - req.t_arr
+        # Completed is on time (a call past its deadline is aborted); one with no deadline stated
+        # is judged on its class's wait limit.
+        if req.wait_goal is None or wait <= req.wait_goal + 1e-9:
+            out.within_objective += 1
+        out.waits.append(wait)
         if req.call.flow.startswith("key:"):
-            self.key_waits.setdefault(req.call.flow, []).append(req.start - req.t_arr)
+            self.key_waits.setdefault(req.call.flow, []).append(wait)
         out.ttfts.append(req.first_token - req.t_arr)
         if req.call.output > 1:
             # TPOT as vLLM's bench defines it: (latency - TTFT) / (output tokens - 1).
@@ -302,17 +309,23 @@ class Serving:
     def _preempt_for(self, tier: TierSim, req: Req) -> bool:
         """No replica has room for `req`: preempt the call the policy names, on any ready replica,
         once for this waiting call. True when a slot was freed."""
-        if req.pmarked:
-            return False
-        # In arrival order, named by it: a tie goes to the same call in every replay (not by address).
+        cls = req.call.cls
+        if req.pmarked or not any(tier.preemptible[cls + 1:]):
+            return False  # nothing of a lower class runs that may still be preempted: no victim
+        pre = tier.tc.preemption
+        most = pre.max_preemptions
+        # Only the candidates (a lower class, preemptions left; the sim's calls have sent nothing
+        # to a caller): `choose_victim` drops the rest, and its pick among these, in the same
+        # order, is the same. In arrival order, named by it: a tie goes to the same call in
+        # every replay (not by address).
         calls = {str(c.lseq): c for r in tier.ready_list
-                 for c in sorted(self.calls_on.get(r.id, ()), key=lambda c: c.lseq)}
+                 for c in sorted((c for c in self.calls_on.get(r.id, ()) if c.call.cls > cls and c.preempted < most),
+                                 key=lambda c: c.lseq)}
         t = self.events.t
         running = [RunningRequest(k, c.call.cls, int(c.replica.model.tokens_of(c.seq)) if c.seq and c.replica else 0,
                                   False, c.preempted, c.start) for k, c in calls.items()]
-        pre = tier.tc.preemption
-        victim = choose_victim(running, WaitingRequest(req.call.cls, t - req.t_arr), free_for_waiter=0,
-                               max_preemptions=pre.max_preemptions, min_wait_s=0.0)
+        victim = choose_victim(running, WaitingRequest(cls, t - req.t_arr), free_for_waiter=0,
+                               max_preemptions=most, min_wait_s=0.0)
         if victim is None:
             return False
         req.pmarked = True
@@ -332,10 +345,7 @@ class Serving:
             r.model.leave(v)
             self._reschedule(r)
         tier.outcomes[v.call.cls].preempted += 1
-        r.running -= 1
-        r.model.free(v.kv)
-        tier.in_flight -= 1
-        self.calls_on[r.id].pop(v, None)
+        self._off(tier, v)
         v.seq = v.replica = None
         v.state = QUEUED
         v.preempted += 1
@@ -347,13 +357,21 @@ class Serving:
     def _release(self, tier: TierSim, req: Req) -> None:
         r = req.replica
         assert r is not None
-        self.calls_on.get(r.id, {}).pop(req, None)
-        r.running -= 1
-        r.model.free(req.kv)
-        tier.in_flight -= 1
+        self._off(tier, req)
         req.state = FINISHED
         req.seq = None  # the sequence names the call: no cycle left behind (the replay runs without the collector)
         if r.state == "draining" and r.running == 0:
             self.stop_replica(tier, r)
         else:
             self.dispatch(tier)
+
+    def _off(self, tier: TierSim, req: Req) -> None:
+        """The call leaves its replica's slot and KV room (finished, aborted or preempted)."""
+        r = req.replica
+        assert r is not None
+        self.calls_on.get(r.id, {}).pop(req, None)
+        r.running -= 1
+        r.model.free(req.kv)
+        tier.in_flight -= 1
+        if req.preempted < tier.tc.preemption.max_preemptions:
+            tier.preemptible[req.call.cls] -= 1

@@ -10,10 +10,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Sequence as Counts
 from dataclasses import dataclass, field
 
-from fleet.config import CLASSES, FairLine, TierConfig
+from fleet.config import CLASSES, FairLine, Priority, TierConfig
 from fleet.policy import (
+    BudgetSignal,
     BudgetView,
     ObservedReplica,
     Replicas,
@@ -22,10 +24,12 @@ from fleet.policy import (
     calibrated_capacity,
     observe_tier,
 )
-from fleet.policy.fairness import call_cost
+from fleet.policy.fairness import call_cost, fair_line
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
 from simulator.arrivals import Call, ChainArrival
 from simulator.line import ClassLine, FlowShares
+
+_PRIORITIES = tuple(Priority)
 
 # Call states.
 QUEUED, RUNNING, FINISHED = 0, 1, 2
@@ -62,10 +66,11 @@ class SimReplica:
 
 class Req:
     __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "lseq", "pmarked", "preempted", "replica",
-                 "score", "seq", "stage", "start", "state", "t_arr", "tier")
+                 "score", "seq", "stage", "start", "state", "t_arr", "tier", "wait_goal")
 
     def __init__(self, call: Call, tier: TierSim, t_arr: float, deadline: float,
-                 chain: ChainRun | None = None, stage: int = 0, idx: int = 0) -> None:
+                 chain: ChainRun | None = None, stage: int = 0, idx: int = 0,
+                 wait_goal: float | None = None) -> None:
         self.call = call
         self.tier = tier
         self.t_arr = t_arr
@@ -83,6 +88,8 @@ class Req:
         self.pmarked = False  # a call was preempted for it already: never twice for one waiting call
         self.score = 0.0  # its place in its class's line (`simulator.line.ClassLine`)
         self.lseq = 0  # its arrival sequence in the tier
+        # Its objective (`simulator.objectives`): None, its deadline; else the longest it may wait in line.
+        self.wait_goal = wait_goal
 
 
 @dataclass(slots=True)
@@ -98,6 +105,8 @@ class Outcome:
     tpots: list[float] = field(default_factory=list)
     useful_tokens: int = 0
     arrived: int = 0
+    within_objective: int = 0  # completed within the call's objective (`simulator.objectives`)
+    wait_objective: int = 0  # arrived whose objective is the class's wait limit (no deadline stated)
 
 
 class TierSim:
@@ -123,8 +132,12 @@ class TierSim:
         self.n_ready = 0
         self.n_draining = 0
         self.in_flight = 0
+        # Calls running per class that may still be preempted: none below a waiter's class, and
+        # preemption has nothing to look for (`simulator.serving.Serving._preempt_for`).
+        self.preemptible = [0] * len(CLASSES)
         self.affine = tc.affinity.enabled  # a call goes where its prefix is cached (`fleet.store.affinity`)
         self.hold_s = [w / 1000 for w in tc.affinity.waits_ms(tc.wait_limit_s)]  # per class rank
+        self.wait_goal = [tc.wait_limit(p) for p in Priority]  # a call with no deadline stated: its objective
         self.prompt_tokens = 0  # of the calls begun, and of those the tokens their prefills computed
         self.prefill_tokens = 0
         self.outcomes = [Outcome() for _ in CLASSES]
@@ -144,7 +157,8 @@ class TierSim:
         self.token_marks: list[float] = []  # token spend at each tick
         self.last_acct = 0.0
         self.seq = 0
-        self.budget_view: BudgetView | None = None  # the budget governor's judgement at the last tick
+        self._budget_view: BudgetView | None = None  # the budget governor's judgement at the last tick
+        self.budget_seen: BudgetSignal | None = None  # ...as the policy reads it
         self.windows_seen: dict[tuple[str, float], tuple[float, float]] = {}  # (name, start) -> (end, usd)
         self.window_starts: dict[str, float] = {}  # the budget windows in force at the last tick
         self.spend_marks: list[float] = []  # spend at each tick, for "spent since the window began"
@@ -252,14 +266,29 @@ class TierSim:
             self._replicas_seen = self._observed()
         return self._replicas_seen
 
-    def observation(self, t: float, *, fresh: bool) -> TierObservation:
+    def observation(self, t: float, *, fresh: bool, call: Call | None = None) -> TierObservation:
         """The tier at `t` seconds into the replay. `fresh`: the replicas as they are now (a
-        scaler tick), else as last seen (an admission)."""
+        scaler tick), else as last seen (an admission). `call`: the call admission judges; in a
+        fair tier it sees, of its own class, only what the fair order puts before it (as the gateway)."""
         w = self.window_s
         oldest = self.oldest_wait(t)
         busy = min(oldest, w) if self.waiting else 0.0
+        line: Counts[int] = self.by_class
+        if call is not None and self.fair is not None:
+            line = fair_line(line, _PRIORITIES[call.cls], self.ahead_in_class(call, t))
         return observe_tier(
-            self.name, self.start_epoch + t, w, line=self.by_class, oldest_wait_s=oldest, in_flight=self.in_flight,
-            arrivals_in_window=self.arrivals_since(t - w), completions_in_window=self.completions_since(t - w),
+            self.name, self.start_epoch + t, w, line=line, oldest_wait_s=oldest,
+            in_flight=self.in_flight, arrivals_in_window=self.arrivals_since(t - w),
+            completions_in_window=self.completions_since(t - w),
             busy_s=busy, completions_while_busy=self.completions_since(t - busy) if busy > 0 else 0,
-            replicas=self._observed() if fresh else self.replicas_seen(), budget=budget_signal(self.budget_view))
+            replicas=self._observed() if fresh else self.replicas_seen(), budget=self.budget_seen)
+
+    @property
+    def budget_view(self) -> BudgetView | None:
+        """The budget governor's judgement at the last tick."""
+        return self._budget_view
+
+    @budget_view.setter
+    def budget_view(self, view: BudgetView | None) -> None:
+        # What the policy reads of it, made once a tick rather than at every arrival.
+        self._budget_view, self.budget_seen = view, budget_signal(view)

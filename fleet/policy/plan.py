@@ -21,10 +21,17 @@ from dataclasses import dataclass, replace
 from fleet.config import TierConfig
 from fleet.policy.calibration import Calibration, calibrate, calibrated_capacity, initial_calibration
 from fleet.policy.observation import TierObservation, scaling_state
-from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
+from fleet.policy.prewarm import (
+    Prewarm,
+    PrewarmOrder,
+    active_prewarm,
+    planning_cold_start,
+    prewarm_lead_s,
+    ready_lead_s,
+)
 from fleet.policy.scaling import ScaleDecision, budget_ceiling_for, decide_tier, gpu_ceiling
 from fleet.policy.tier_budget import tier_has_budget
-from fleet.policy.tier_capacity import TierCapacity
+from fleet.policy.tier_capacity import TierCapacity, modelled_startup_s
 
 STARTUPS_KEPT = 5  # start-ups remembered per tier; their median is the expected start-up
 
@@ -73,6 +80,15 @@ def with_start_timeout(state: PlanState, ran_s: float) -> PlanState:
     return replace(state, startup_at_least_s=max(state.startup_at_least_s, ran_s))
 
 
+def _ready_lead(inp: PlanInput, state: PlanState) -> float:
+    """How early a `ready_at` window starts: the p95 cold start measured (`fleet.policy.prewarm`)."""
+    obs = inp.obs
+    cold = planning_cold_start(obs.startups_measured,
+                               [r.cold_start_s for r in obs.replicas.members if r.cold_start_s is not None],
+                               modelled_startup_s(inp.cfg), state.startup_at_least_s)
+    return ready_lead_s(cold, inp.tick_s)
+
+
 def plan_tier(inp: PlanInput, state: PlanState) -> TierPlan:
     """One tick of one tier: calibrate on what replicas measured, take the pre-warm floor and
     the ceilings (budget with its fail-safe, GPU room), decide, and carry calm and calibration."""
@@ -80,7 +96,7 @@ def plan_tier(inp: PlanInput, state: PlanState) -> TierPlan:
     cal = calibrate(state.calibration or initial_calibration(tc), tc, obs, at_least_s=state.startup_at_least_s)
     cap = calibrated_capacity(tc, cal)
     prewarm = active_prewarm(tc.prewarm, inp.orders, obs.now, prewarm_lead_s(cap.startup_s, inp.tick_s),
-                             tc.budget.timezone)
+                             tc.budget.timezone, ready_lead=_ready_lead(inp, state) if tc.prewarm else None)
     reps = obs.replicas
     have = reps.ready + reps.starting
     budget = obs.budget

@@ -35,6 +35,7 @@ from zoneinfo import ZoneInfo
 
 from fleet.config import Budget, TierConfig
 from fleet.policy.capacity import cost_per_million_tokens
+from fleet.policy.cron import next_after, prev_before
 
 DAILY = "daily"
 _EPS = 1e-9  # float slack so that exactly-affordable replicas are not floored away
@@ -93,15 +94,13 @@ def daily_window(budget: Budget, now: float) -> Window | None:
 
 def named_windows(budget: Budget, now: float) -> list[Window]:
     """The named windows active at `now` (each from its latest cron start)."""
-    from croniter import croniter
-
     tz = ZoneInfo(budget.timezone)
     # croniter's get_prev is strictly before its base; nudge the base so a
     # window that starts exactly now counts as started.
     base = datetime.fromtimestamp(now, tz) + timedelta(microseconds=1)
     out = []
     for w in budget.windows:
-        start = croniter(w.cron, base).get_prev(datetime).timestamp()
+        start = prev_before(w.cron, base)
         if start <= now < start + w.duration_s:
             out.append(Window(w.name, start, start + w.duration_s, w.usd))
     return out
@@ -119,8 +118,6 @@ def upcoming_windows(budget: Budget, now: float, lead_s: float) -> list[Window]:
     the ceiling must step the tier down *before* it opens, not after."""
     if lead_s <= 0:
         return []
-    from croniter import croniter
-
     out = []
     if budget.daily_usd is not None:
         _, reset = budget_day(budget, now)
@@ -131,7 +128,7 @@ def upcoming_windows(budget: Budget, now: float, lead_s: float) -> list[Window]:
     base = datetime.fromtimestamp(now, tz)
     for w in budget.windows:
         # Every instance in the lead has the same duration and nothing spent: the first stands for all.
-        start = croniter(w.cron, base).get_next(datetime).timestamp()
+        start = next_after(w.cron, base)
         if now < start <= now + lead_s:
             out.append(Window(w.name, start, start + w.duration_s, w.usd))
     return out
