@@ -150,10 +150,13 @@ def long_context() -> dict[str, Any]:
 def test_on_long_context_traffic_the_policy_beats_every_baseline_that_serves_as_much(
         long_context: dict[str, Any]) -> None:
     """Fewer replica-hours than `static` and every baseline that serves as many calls on
-    time, with no flap and no committed call missed; the scenario's expect: passes."""
+    time, at most the one flap the scenario names and no committed call missed; the
+    scenario's expect: passes."""
     res, rows = long_context["results"], long_context["rows"]
     ours = rows["fleet"]
-    assert committed_missed(res["fleet"]) == 0 and sum(flaps(res["fleet"]).values()) == 0
+    # The scenario's own bound on flaps (one, a knife edge its expect: explains).
+    assert committed_missed(res["fleet"]) == 0
+    assert sum(flaps(res["fleet"]).values()) <= long_context["sc"].spec.expect["flaps"] <= 1
     for name, row in rows.items():
         if row["rank"] is None or name == "fleet":
             continue
