@@ -63,6 +63,11 @@ def test_dashboard_shows_each_tier_and_follows_load(fleet: Fleet, browser) -> No
     assert field("planner", "line") == "0"
     assert field("routing", "replicas") == "0 / 1 / 0"
     assert field("planner", "bounds") == "1 / 2"
+    # The planner's scheduled pre-warm (ready by 03:00 on 1 January): the floor it raises and when
+    # the scaler plans to start it, before its ready time; routing has none.
+    prewarm = field("planner", "prewarm")
+    assert prewarm.startswith("floor 2 ready by ") and ", starts " in prewarm, prewarm
+    assert field("routing", "prewarm") == "—"
 
     # Load arrives: 12 calls the routing replica serves, 3 that wait in the planner's line.
     load = [threading.Thread(target=chat, args=(fleet, "routing")) for _ in range(12)]
