@@ -9,11 +9,14 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from fleet.outcome import GATEWAY_ONLY, LINE_OUTCOMES, Outcome
+
 # Buckets that resolve a p99 from 5 ms to 60 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 
-REQUESTS = Counter("fleet_requests", "Every response by outcome: the line's (completed, expired, cancelled, failed, "
-                   "unavailable) and refusals before it (shed, refused, unavailable).", ["tier", "priority", "outcome"])
+REQUESTS = Counter("fleet_requests", f"Every response by outcome (fleet.outcome.Outcome): the line's "
+                   f"({', '.join(LINE_OUTCOMES)}) and refusals before it ({', '.join(sorted(GATEWAY_ONLY))}, "
+                   f"{Outcome.UNAVAILABLE}).", ["tier", "priority", "outcome"])
 RETRIES = Counter("fleet_retries", "Calls kept for their SDK's retry and attempts judged as retries, by result: "
                   "parked (its client left; kept for a retry), joined (a retry took over the call still running), "
                   "abandoned (no retry came within the grace), budget_refused (the retry budget was spent).",

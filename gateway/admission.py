@@ -64,12 +64,10 @@ from gateway.tickets import (
     Ticket,
     Usage,
     end_all,
-    outcome_of,
     refusal,
 )
 
-__all__ = ["Admission", "AdmissionRequest", "Ticket", "TierView", "Usage", "outcome_of",
-           "refusal"]
+__all__ = ["Admission", "AdmissionRequest", "Ticket", "TierView", "Usage", "refusal"]
 
 log = logging.getLogger("fleet.gateway.admission")
 

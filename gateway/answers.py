@@ -3,13 +3,19 @@
 The stream always ends the documented way: the last chunk (or a final `error`
 event: the fleet failed it, or its Redis went away mid-stream) and then
 `data: [DONE]`, never a connection cut without an end.
+
+The answer owns its call's end (`Ending`): `whole` ends the call in its own `finally`, a
+stream's response (`SSEResponse`) in its own, once, whether or not a byte was sent; the
+outcome is `fleet.outcome.infer_outcome` of what ended it (the worker's final event, an
+exception, the caller leaving).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -17,16 +23,34 @@ import orjson
 from redis.exceptions import RedisError
 from starlette.responses import Response, StreamingResponse
 
-from fleet.store.events import Chunk, Done, Event
+from fleet.outcome import CallerLeft, infer_outcome
+from fleet.store.events import Chunk, Done, Event, Failed
 from gateway.client_watch import ClientWatch
 from gateway.errors import APIError, from_event
-from gateway.redis_loss import UNAVAILABLE, unavailable_error
-from gateway.tickets import Usage, outcome_of
+from gateway.redis_loss import unavailable_error
+from gateway.tickets import Usage
 
 if TYPE_CHECKING:
     from gateway.call import Call
 
 log = logging.getLogger("fleet.gateway")
+
+Cause = Done | Failed | BaseException | type[BaseException] | None
+
+
+@dataclass(slots=True)
+class Ending:
+    """What ended a call's answer, as far as the answer got: the worker's final event, the exception
+    that stopped it, or (until one of those) `CallerLeft`, the caller gone. The answer ends its call
+    with it once, in its own `finally`: in the line already when the worker's event ended it."""
+
+    cause: Cause = CallerLeft
+
+    async def end(self, call: Call) -> None:
+        c = self.cause
+        usage = usage_of(c) if isinstance(c, Done) else None
+        await call.end(infer_outcome(c), usage, in_line=isinstance(c, Done | Failed))
+
 
 
 class SSEResponse(StreamingResponse):
@@ -39,11 +63,12 @@ class SSEResponse(StreamingResponse):
     client leaves, the watcher cancels it, which ends the stream the way Starlette's does (the
     generator's clean-up runs, the response returns)."""
 
-    def __init__(self, content: AsyncGenerator[bytes, None], call: Call) -> None:
+    def __init__(self, content: AsyncGenerator[bytes, None], call: Call, ending: Ending | None = None) -> None:
         super().__init__(content, media_type="text/event-stream", headers=call.headers)
         self.client: ClientWatch = call.client
         self.call = call
         self.content = content
+        self.ending = ending or Ending()  # what `content` writes as it goes: how the call ended
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         me = asyncio.current_task()
@@ -63,12 +88,13 @@ class SSEResponse(StreamingResponse):
             me.uncancel()  # the client left: the stream ended, as Starlette's task group ends it
         finally:
             state["done"] = True
-            # The response owns the call's end, however it stops: a generator left at a `yield`
-            # (cancelled in `send`) runs its own end when closed; one that never started (the
-            # client gone before the first byte) has none, so the call ends here as cancelled.
+            # The response owns the call's end, however it stops, and ends it here once: as the
+            # stream recorded in its `Ending` (the worker's last event, Redis gone), else (the
+            # client gone, before the first byte or while a chunk was being sent) as cancelled.
+            # Shielded: Starlette's scope may be cancelling this task, which would cancel every await.
             with anyio.CancelScope(shield=True):
                 await self.content.aclose()
-                await self.call.end("cancelled")
+                await self.ending.end(self.call)
 
 
 def usage_of(ev: Done) -> Usage:
@@ -173,58 +199,70 @@ class _Chunks:
         return out
 
 
-async def whole(call: Call, first: Done | Chunk) -> Response:
-    """A call answered whole: its one JSON body."""
-    if not isinstance(first, Done):  # a chunk for a call that was not streamed: the worker's fault
-        raise APIError(502, "the worker streamed an answer that was asked for whole", "engine_error",
-                       code="bad_answer")
-    call.completed(first)
-    await call.end("completed", usage_of(first), in_line=True)
-    body = final_body(call.spec.kind, call.rid, call.spec.body.model, call.created, first)
+# Writes a whole answer's response from the worker's done event (chat's JSON unless another API's).
+Make = Callable[["Call", Done], Awaitable[Response]]
+
+
+async def _chat_body(call: Call, done: Done) -> Response:
+    body = final_body(call.spec.kind, call.rid, call.spec.body.model, call.created, done)
     return Response(orjson.dumps(body), media_type="application/json", headers=call.headers)
 
 
+async def whole(call: Call, first: Done | Chunk, make: Make | None = None) -> Response:
+    """A call answered whole: its one body, as `make` writes it (chat's or a completion's JSON by
+    default). It owns the call's end, in its own `finally`, once: completed with its usage when the
+    worker's answer came whole (whatever writing the body then does: a Response the store cannot
+    keep is still an answer the engine made), else as the exception that stopped it says."""
+    ending = Ending(None)
+    try:
+        if not isinstance(first, Done):  # a chunk for a call that was not streamed: the worker's fault
+            raise APIError(502, "the worker streamed an answer that was asked for whole", "engine_error",
+                           code="bad_answer")
+        ending.cause = first
+        call.completed(first)
+        return await (make or _chat_body)(call, first)
+    except BaseException as e:
+        if ending.cause is None:
+            ending.cause = e
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):  # the end must run even while being cancelled
+            await ending.end(call)
+
+
 def stream(call: Call, first: Chunk | Done, render: Render | None = None) -> SSEResponse:
-    """A streamed call's response (chat's chunks unless given another `render`); the stream ends
-    the call when it ends, however it ends."""
-    call.streaming = True
+    """A streamed call's response (chat's chunks unless given another `render`); the response ends
+    the call when it stops, however it stops (`SSEResponse`)."""
     spec = call.spec
     render = render or _Chunks(spec.kind, call.rid, spec.body.model, call.created, spec.body.include_usage())
-    return SSEResponse(_sse(call, first, render), call)
+    ending = Ending()
+    return SSEResponse(_sse(call, first, render, ending), call, ending)
 
 
-async def _sse(call: Call, first: Event, render: Render) -> AsyncGenerator[bytes, None]:
-    """The call's server-sent events, as `render` writes them, ending the way it ends them."""
-    end: tuple[str, Usage | None, bool] = ("cancelled", None, False)  # how the call ends (the client left)
-    try:
-        # Chunks known together go out in one write: the role chunk with the first event's, the
-        # last chunk with the usage chunk and [DONE] (fewer writes for the gateway and the caller).
-        ev = first
-        while True:
-            if isinstance(ev, Chunk):
-                yield render.chunk(ev)
+async def _sse(call: Call, first: Event, render: Render, ending: Ending) -> AsyncGenerator[bytes, None]:
+    """The call's server-sent events, as `render` writes them; what ended it goes in `ending` (its
+    response ends the call with it)."""
+    # Chunks known together go out in one write: the role chunk with the first event's, the
+    # last chunk with the usage chunk and [DONE] (fewer writes for the gateway and the caller).
+    ev = first
+    while True:
+        if isinstance(ev, Chunk):
+            yield render.chunk(ev)
+        else:
+            ending.cause = ev
+            if isinstance(ev, Done):
+                call.completed(ev)
+                last = await render.done(ev)
             else:
-                if isinstance(ev, Done):
-                    end = ("completed", usage_of(ev), True)
-                    call.completed(ev)
-                    last = await render.done(ev)
-                else:
-                    end = (outcome_of(ev), None, True)
-                    last = render.error(from_event(ev))
-                break
-            try:
-                ev = await call.next()
-            except (RedisError, TimeoutError) as e:
-                # Redis dropped or froze mid-stream: the documented end, not a cut connection. The
-                # request is ended in the line once Redis answers (the orphan sweep).
-                end = (UNAVAILABLE, None, False)
-                log.error("stream %s: Redis unavailable (%s)", call.rid, type(e).__name__)
-                last = render.error(unavailable_error(e))
-                break
-        yield last
-    finally:
-        # The response task may be being cancelled (the client left): Starlette cancels it through
-        # an anyio scope, which would cancel every await here again, so the end runs shielded.
-        with anyio.CancelScope(shield=True):
-            told, usage, in_line = end
-            await call.end(told, usage, in_line=in_line)
+                last = render.error(from_event(ev))
+            break
+        try:
+            ev = await call.next()
+        except (RedisError, TimeoutError) as e:
+            # Redis dropped or froze mid-stream: the documented end, not a cut connection. The
+            # request is ended in the line once Redis answers (the orphan sweep).
+            ending.cause = e
+            log.error("stream %s: Redis unavailable (%s)", call.rid, type(e).__name__)
+            last = render.error(unavailable_error(e))
+            break
+    yield last

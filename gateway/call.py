@@ -6,14 +6,17 @@ one watcher listens for its client leaving (`ClientWatch`), for the first-event 
 stream alike. Whatever happens, `end` runs once, and it is the only clean-up: it closes the
 watch and the events, ends the request in the line when the gateway is the one ending it (or
 hands it to the orphan sweep when Redis does not answer), closes the ticket, and counts the
-one outcome its caller was told in `fleet_requests_total` (docs/metrics.md).
+one outcome its caller was told in `fleet_requests_total` (docs/metrics.md). The outcome is
+always `fleet.outcome.infer_outcome` of what ended it (a final event, an exception, a refusal).
 
-    async with Call(gw, spec, caller, headers) as call:   # any exception inside ends the call
+    async with Call(gw, spec, caller, headers) as call:   # an exception before the answer ends the call
         first = await call.first()                          # a chunk or the whole answer
-        return answer_whole(call, first)  /  stream(call, first)   # the stream ends it itself
+        return await whole(call, first)  /  stream(call, first)   # the answer owns the end
 
-A call refused before it reaches the line (its body, its key, admission's 429) ends the same
-way, with nothing to clean up but its count.
+Once an answer exists, it owns the end: `gateway.answers.whole` ends the call in its own
+`finally` before its body goes out, a stream's response (`gateway.answers.SSEResponse`) in its
+`finally` once it stops, whether or not a byte was sent. A call refused before it reaches the
+line (its body, its key, admission's 429) ends here too, with nothing to clean up but its count.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import Priority
+from fleet.outcome import Outcome, infer_outcome, recorded_in_line
 from fleet.policy.client_clock import CallClock
 from fleet.policy.retries import call_identity
 from fleet.prefix import affinity_key
@@ -43,12 +47,12 @@ from gateway import retry_join
 from gateway.admission import AdmissionRequest, Joined
 from gateway.auth import Caller
 from gateway.call_spec import CallSpec, fair_place
-from gateway.client_watch import ClientGone, ClientWatch
+from gateway.client_watch import ClientWatch
 from gateway.errors import APIError, from_event, retry_headers
 from gateway.observability import RequestRecorder
-from gateway.redis_loss import GRACE_S, UNAVAILABLE, end_in_line, unavailable_error
+from gateway.redis_loss import GRACE_S, end_in_line, unavailable_error
 from gateway.results import close_events, drop_soon, events
-from gateway.tickets import Ticket, Usage, outcome_of
+from gateway.tickets import Ticket, Usage
 
 if TYPE_CHECKING:
     from gateway.result_reader import Watch
@@ -57,9 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet.gateway")
 
 FORGIVEN_S = 0.001  # the half-life that forgives at once what a chain under way was served
-
-SHED, REFUSED, CANCELLED, FAILED, COMPLETED = "shed", "refused", "cancelled", "failed", "completed"
-
 
 @dataclass(frozen=True, slots=True)
 class CallHeaders:
@@ -94,8 +95,7 @@ class Call:
         self.ticket: Ticket | None = None
         self.watch: Watch | None = None
         self.events: AsyncIterator[Event] | None = None
-        self.told: str | None = None  # the outcome its caller was told: set once, by `end`
-        self.streaming = False  # handed to a stream, which ends it when it is done
+        self.told: Outcome | None = None  # the outcome its caller was told: set once, by `end`
         self.chain_open = False  # counted open in its chain's record: `end` closes it
         self.chain_deadline_ms = headers.chain_deadline_ms
         self.opens_chain = False  # its chain had no call served or open: shed before chains under way
@@ -117,10 +117,10 @@ class Call:
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if exc is None and self.streaming:
-            return  # the stream owns the call now
+        if exc is None:
+            return  # an answer was made: it owns the end (module doc), whole or streamed
         with anyio.CancelScope(shield=True):  # the clean-up must run even while being cancelled
-            await self.end(_outcome_of_exception(exc))
+            await self.end(infer_outcome(exc))
 
     # --- the call's path ----------------------------------------------------------------------
 
@@ -138,10 +138,10 @@ class Call:
                 first = await self.client.race(self.events.__anext__())
         except (RedisError, TimeoutError) as e:
             log.error("request %s: Redis unavailable (%s)", self.rid, type(e).__name__)
-            await self.end(UNAVAILABLE)
+            await self.end(infer_outcome(e))
             raise self._typed(unavailable_error(e, deadline_ms=self.deadline_ms)) from None
         if isinstance(first, Failed):
-            await self.end(outcome_of(first), in_line=True)
+            await self.end(infer_outcome(first), in_line=True)
             raise self._typed(from_event(first))
         return first
 
@@ -226,7 +226,7 @@ class Call:
 
     # --- the one end --------------------------------------------------------------------------
 
-    async def end(self, told: str, usage: Usage | None = None, *, in_line: bool = False) -> None:
+    async def end(self, told: Outcome, usage: Usage | None = None, *, in_line: bool = False) -> None:
         """End the call once, as its caller was told `told`. A call whose client left while its SDK
         will retry it is parked instead, for the retry to take over (`gateway.retry_join`); its
         owner ends it when it ends. Later calls do nothing."""
@@ -235,7 +235,7 @@ class Call:
         self.told = told
         self.client.stop()
         in_the_line = self.ticket is not None or self.joined
-        if told == CANCELLED and self.retryable and in_the_line and not in_line and await retry_join.park(self):
+        if told == Outcome.CANCELLED and self.retryable and in_the_line and not in_line and await retry_join.park(self):
             self.parked = True
             if self.watch is not None:
                 self.watch.close()
@@ -248,15 +248,15 @@ class Call:
             return
         await self.finish(told, usage, in_line=in_line)
 
-    async def finish(self, told: str, usage: Usage | None = None, *, in_line: bool = False) -> None:
+    async def finish(self, told: Outcome, usage: Usage | None = None, *, in_line: bool = False) -> None:
         """The call's one end. `in_line`: the line already ended it (a worker's done or failure, the
         deadline's event); else the gateway ends it there now (cancelled, failed), or the orphan
         sweep does once Redis answers again. Then close the ticket and count the outcome."""
         if self.retryable and not self.parked:  # its stream was kept for a retry that will not come
             drop_soon(self.line, self.rid)
         if self.chain_open:  # refused or late unless it completed (a caller hanging up is neither)
-            spawn(self.gw.chains.end(self.chain, told not in (COMPLETED, CANCELLED), self.chain_member,
-                                     served=told == COMPLETED))
+            spawn(self.gw.chains.end(self.chain, told not in (Outcome.COMPLETED, Outcome.CANCELLED),
+                                     self.chain_member, served=told == Outcome.COMPLETED))
         if self.watch is not None:
             self.watch.close()
         if self.events is not None:
@@ -264,21 +264,20 @@ class Call:
         if self.ticket is None:  # never reached the line: nothing to end but the count
             self._count(told)
             return
-        outcome: str | None = told
-        if told == UNAVAILABLE:
+        outcome: Outcome | None = told
+        if told == Outcome.UNAVAILABLE:
             outcome = None
         elif not in_line:
             # What the line records is what is counted: a worker may have completed it a moment before.
-            outcome = await end_in_line(self.line, self.rid, CANCELLED if told == CANCELLED else FAILED)
+            outcome = await end_in_line(self.line, self.rid, recorded_in_line(told))
         if outcome is None:  # Redis did not answer: ended there once it does, counted as told
-            self.gw.orphans.add(self.line, self.rid, told if told in (CANCELLED, UNAVAILABLE) else FAILED,
-                                self.ticket)
-            self._count(told if told in (CANCELLED, UNAVAILABLE) else FAILED)
+            self.gw.orphans.add(self.line, self.rid, recorded_in_line(told), self.ticket)
+            self._count(recorded_in_line(told))
             return
         spawn(self.ticket.close(outcome, usage))
         self._count(outcome)
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, outcome: Outcome) -> None:
         metrics.REQUESTS.labels(self.spec.tier, self.priority.name, outcome).inc()
 
     def _typed(self, err: APIError) -> APIError:
@@ -286,19 +285,8 @@ class Call:
         return err
 
 
-def count_refused(tier: str | None, priority: str | None, outcome: str) -> None:
-    """fleet_requests_total for a call refused before a `Call` was made (its body, its key)."""
-    metrics.REQUESTS.labels(tier or "none", priority or "none", outcome).inc()
+def count_refused(tier: str | None, priority: str | None, cause: BaseException) -> None:
+    """fleet_requests_total for a call refused before a `Call` was made (its body, its key): the
+    outcome of the refusal that ended it (`fleet.outcome.infer_outcome`)."""
+    metrics.REQUESTS.labels(tier or "none", priority or "none", infer_outcome(cause)).inc()
 
-
-def _outcome_of_exception(exc: BaseException | None) -> str:
-    """What the caller is told when a call ends by an exception."""
-    if exc is None:  # left without an answer told (a path that forgot its end): ended as failed
-        return FAILED
-    if isinstance(exc, ClientGone):
-        return CANCELLED
-    if isinstance(exc, APIError):
-        return SHED if exc.status == 429 else UNAVAILABLE if exc.status == 503 else REFUSED
-    if isinstance(exc, RedisError | TimeoutError):
-        return UNAVAILABLE
-    return FAILED

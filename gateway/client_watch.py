@@ -12,13 +12,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from fleet.outcome import CallerLeft
 from fleet.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
 
-class ClientGone(Exception):
-    """The caller disconnected."""
+class ClientGone(CallerLeft):
+    """The caller disconnected (a call it ends is cancelled: `fleet.outcome.infer_outcome`)."""
 
 
 class ClientWatch:

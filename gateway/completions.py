@@ -20,11 +20,10 @@ from fleet.policy.client_clock import CallClock, call_clock
 from fleet.store.payloads import Kind
 from gateway.answers import stream, whole
 from gateway.auth import Caller, authenticate
-from gateway.call import REFUSED, Call, CallHeaders, count_refused
+from gateway.call import Call, CallHeaders, count_refused
 from gateway.call_spec import CallSpec, call_flow, parse_call
 from gateway.client_watch import ClientGone, ClientWatch
 from gateway.errors import APIError
-from gateway.redis_loss import UNAVAILABLE
 from gateway.request import (
     MAX_DEADLINE_MS,
     parse_chain_deadline,
@@ -52,7 +51,7 @@ async def completions(request: Request) -> Response:
 
 
 async def complete(request: Request, kind: Kind) -> Response:
-    """Read the call, then serve it in its `Call`: whole, or as a stream that ends it."""
+    """Read the call, then serve it in its `Call`: whole or streamed, the answer ending it."""
     gw = request.app.state.gw
     caller, spec, headers = await read_call(request, kind, gw.cfg)
     try:
@@ -83,11 +82,8 @@ async def read_call(request: Request, kind: Kind, cfg: FleetConfig,
                          request.client.host if request.client else None)
         headers = CallHeaders(prio, call_clock_of(request, cfg, spec.stream), chain, flow,
                               parse_idempotency_key(request), parse_chain_deadline(request) if chain else None)
-    except APIError as e:
-        count_refused(tier, priority, UNAVAILABLE if e.status == 503 else REFUSED)
-        raise
-    except RedisError:
-        count_refused(tier, priority, UNAVAILABLE)
+    except (APIError, RedisError) as e:
+        count_refused(tier, priority, e)
         raise
     return caller, spec, headers
 

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.outcome import Outcome
 from fleet.policy import format_duration
 from fleet.store.events import Failed
 from fleet.store.keys import TierKeys
@@ -53,7 +54,7 @@ async def cancel_chain(chain: str, request: Request) -> Response:
     for member in got:
         tier, _, rid = member.partition("|")
         line = gw.lines.get(tier)
-        if line is not None and await line.finish(rid, "cancelled", CHAIN_CANCELLED) is not None:
+        if line is not None and await line.finish(rid, Outcome.CANCELLED, CHAIN_CANCELLED) is not None:
             ended += 1
     return Response(orjson.dumps({"object": "fleet.chain.cancelled", "id": chain, "calls_ended": ended,
                                   "refused_for_s": CHAIN_CANCEL_HOLD_S}), media_type="application/json")

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.store.events import Chunk, Done
 from gateway.answers import stream
-from gateway.answers import usage_of as call_usage
+from gateway.answers import whole as answer_whole
 from gateway.auth import Caller, authenticate
 from gateway.call import Call
 from gateway.call_spec import CallSpec, parse_call
@@ -114,15 +114,14 @@ def read_messages(gw: Gateway, data: Any) -> tuple[MessagesBody, CallSpec]:
 
 
 async def whole(call: Call, first: Done | Chunk, body: MessagesBody, msg_id: str) -> Response:
-    """A Messages call answered whole: the message."""
-    if not isinstance(first, Done):  # a chunk for a call that was not streamed: the worker's fault
-        raise APIError(502, "the worker streamed an answer that was asked for whole", "engine_error",
-                       code="bad_answer")
-    call.completed(first)
-    await call.end("completed", call_usage(first), in_line=True)
-    content = content_blocks((first.choice or {}).get("message") or {})
-    message = message_object(msg_id, first.model or body.model, content, first, body.stop_sequences)
-    return Response(orjson.dumps(message), media_type="application/json", headers=call.headers)
+    """A Messages call answered whole: the message (the answer ends the call: `gateway.answers.whole`)."""
+
+    async def make(call: Call, done: Done) -> Response:
+        content = content_blocks((done.choice or {}).get("message") or {})
+        message = message_object(msg_id, done.model or body.model, content, done, body.stop_sequences)
+        return Response(orjson.dumps(message), media_type="application/json", headers=call.headers)
+
+    return await answer_whole(call, first, make)
 
 
 @router.post("/v1/messages/count_tokens")

@@ -28,6 +28,7 @@ from fleet import metrics as m
 from fleet.config import CLASSES, FleetConfig
 from fleet.governor import set_budget_gauges
 from fleet.observe import read_tier
+from fleet.outcome import Outcome
 from fleet.policy import arrival_rate, drain_s, replicas_by_version, service_rate
 from fleet.store.chains import read_chains
 from fleet.store.events import Done
@@ -95,7 +96,7 @@ async def metrics(request: Request) -> Response:
 async def refresh_chains(gw: Any) -> None:
     """The chains' gauges from their records (`fleet.store.chains`)."""
     c = await read_chains(gw.redis, gw.cfg.namespace)
-    for outcome, by in (("completed", c.completed), ("refused_or_late", c.refused_or_late)):
+    for outcome, by in ((Outcome.COMPLETED, c.completed), ("refused_or_late", c.refused_or_late)):
         for (tier, cls), n in by.items():
             m.CHAINS.labels(tier, cls, outcome).set(n)
     for q, v in (("0.5", c.p50_s), ("0.99", c.p99_s)):

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from fleet.outcome import Outcome
 from gateway.errors import APIError, retry_headers
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ READY_PING_S = 0.8  # /readyz: a Redis that cannot PONG in this long cannot serv
 GRACE_S = 1.0  # beyond a request's deadline, what its Redis calls may take before it is answered 503
 CLEANUP_S = 1.0  # a clean-up call on the way out (cancel, release) waits no longer; the orphan sweep retries
 ORPHAN_WATCH_S = 10.0  # a delayed enqueue may still land after Redis returns: watch for it this long
-UNAVAILABLE = "unavailable"  # the outcome, in the line's counters and in fleet_requests_total
 
 _caller: tuple[int, str] = (0, "")
 
@@ -74,7 +74,7 @@ def unavailable_error(exc: BaseException | None, *, deadline_ms: int | None = No
                     code="redis_unavailable", headers=retry_headers(1))
 
 
-async def end_in_line(line: Line, rid: str, outcome: str, *, bound_s: float = CLEANUP_S) -> str | None:
+async def end_in_line(line: Line, rid: str, outcome: Outcome, *, bound_s: float = CLEANUP_S) -> Outcome | None:
     """End a request in the line with `outcome`; the outcome the line recorded for it.
 
     Ours when this call ended it; the earlier one when someone else (a worker's
@@ -85,7 +85,7 @@ async def end_in_line(line: Line, rid: str, outcome: str, *, bound_s: float = CL
         async with asyncio.timeout(bound_s):
             if await line.finish(rid, outcome) is not None:
                 return outcome
-            return await line.outcome(rid) or outcome
+            return Outcome(await line.outcome(rid) or outcome)
     except (RedisError, TimeoutError):
         return None
 
@@ -94,7 +94,7 @@ async def end_in_line(line: Line, rid: str, outcome: str, *, bound_s: float = CL
 class Orphan:
     line: Line
     rid: str
-    outcome: str
+    outcome: Outcome  # what its caller was told (`fleet.outcome.recorded_in_line`)
     ticket: Ticket | None
     answered_since: float | None = None  # loop time Redis first answered for it while its hash was missing
 
@@ -105,7 +105,7 @@ class Orphans:
     def __init__(self) -> None:
         self.pending: dict[str, Orphan] = {}
 
-    def add(self, line: Line, rid: str, outcome: str, ticket: Ticket | None) -> None:
+    def add(self, line: Line, rid: str, outcome: Outcome, ticket: Ticket | None) -> None:
         """`rid`'s caller was told `outcome` (its `Call` counted it): end it so in the line when Redis answers."""
         self.pending[rid] = Orphan(line, rid, outcome, ticket)
 

@@ -26,7 +26,8 @@ from redis.exceptions import RedisError
 from fleet.store.events import Chunk, Done
 from fleet.store.replication import Ack
 from fleet.store.responses import StoredResponse
-from gateway.answers import stream, usage_of
+from gateway.answers import stream
+from gateway.answers import whole as answer_whole
 from gateway.auth import Caller, authenticate
 from gateway.call import Call
 from gateway.call_spec import CallSpec, parse_call
@@ -155,15 +156,15 @@ async def keep(gw: Gateway, turn: Turn, output: list[dict[str, Any]], done: Done
 
 
 async def whole(call: Call, first: Done | Chunk, gw: Gateway, turn: Turn) -> Response:
-    """A Responses call answered whole: the Response object."""
-    if not isinstance(first, Done):  # a chunk for a call that was not streamed: the worker's fault
-        raise APIError(502, "the worker streamed an answer that was asked for whole", "engine_error",
-                       code="bad_answer")
-    call.completed(first)
-    await call.end("completed", usage_of(first), in_line=True)
-    output = output_items((first.choice or {}).get("message") or {})
-    response = await keep(gw, turn, output, first)
-    return Response(orjson.dumps(response), media_type="application/json", headers=call.headers)
+    """A Responses call answered whole: the Response object (the answer ends the call:
+    `gateway.answers.whole`)."""
+
+    async def make(call: Call, done: Done) -> Response:
+        output = output_items((done.choice or {}).get("message") or {})
+        response = await keep(gw, turn, output, done)
+        return Response(orjson.dumps(response), media_type="application/json", headers=call.headers)
+
+    return await answer_whole(call, first, make)
 
 
 @router.get("/v1/responses/{response_id}")

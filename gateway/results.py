@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
 
+from fleet.outcome import Outcome
 from fleet.store.events import REQUEST_LOST, Chunk, Event, Failed
 from fleet.store.line import Line
 from fleet.tasks import spawn
@@ -51,7 +52,7 @@ async def events(watch: Watch, line: Line, deadline_at: float, *, drop: bool = T
             if left <= 0 and not expired_sent:
                 expired_sent = True
                 async with asyncio.timeout(GRACE_S):  # a frozen Redis must not hold the caller's answer
-                    await line.finish(rid, "expired", EXPIRED)
+                    await line.finish(rid, Outcome.EXPIRED, EXPIRED)
             if left < -GIVE_UP_AFTER_S:
                 # The final event never came (the request's keys are gone: an evicting
                 # or restarted Redis). The caller still gets its answer, not a hang.

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from redis.exceptions import RedisError
 
 from fleet import metrics
+from fleet.outcome import Outcome
 from fleet.store.events import Done, Failed, decode
 from fleet.store.line import Line
 from gateway.call_spec import CallSpec
@@ -97,13 +98,13 @@ async def keep_for_retry(call: Call) -> None:
                 if outcome is not None:
                     last = await _last_event(call)
                 elif loop.time() >= call.deadline_at:
-                    await call.line.finish(call.rid, "expired", EXPIRED)
+                    await call.line.finish(call.rid, Outcome.EXPIRED, EXPIRED)
                 elif await call.gw.retries.state(keys, call.identity, call.rid) is None:
-                    await call.line.finish(call.rid, "cancelled", GONE)
+                    await call.line.finish(call.rid, Outcome.CANCELLED, GONE)
                     metrics.RETRIES.labels(call.spec.tier, "abandoned").inc()
         except (RedisError, TimeoutError):
             if loop.time() > call.deadline_at + GIVE_UP_AFTER_S:
-                await call.finish("unavailable")  # the orphan sweep ends it once Redis answers
+                await call.finish(Outcome.UNAVAILABLE)  # the orphan sweep ends it once Redis answers
                 return
     usage = None
     if isinstance(last, Done):
@@ -113,7 +114,7 @@ async def keep_for_retry(call: Call) -> None:
     with contextlib.suppress(RedisError, TimeoutError):
         async with asyncio.timeout(CLEANUP_S):
             await call.line.redis.pexpire(keys.result(call.rid), max(1, int(grace_s(call) * 1000)))
-    await call.finish(outcome, usage, in_line=True)
+    await call.finish(Outcome(outcome), usage, in_line=True)
 
 
 async def _last_event(call: Call) -> object:

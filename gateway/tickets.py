@@ -19,9 +19,9 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from fleet.config import Priority
+from fleet.outcome import Outcome
 from fleet.policy.client_clock import CallClock, should_retry
 from fleet.store.admitting import Attempt
-from fleet.store.events import Done, Failed
 from fleet.store.flows import Place
 from fleet.store.line import Line
 from fleet.store.replication import Ack
@@ -82,6 +82,10 @@ class ReservationStep(Protocol):
     async def reserve(self, req: AdmissionRequest) -> Reservation | None: ...
 
 
+# Outcomes after which an engine may have made tokens the gateway never saw: charged what was
+# reserved when an engine took the call (`Ticket.close`).
+CHARGED_IF_TAKEN = frozenset({Outcome.COMPLETED, Outcome.CANCELLED, Outcome.EXPIRED})
+
 # Refusals no retry soon can turn around: the caller's SDK is told not to retry them.
 FINAL_CODES = frozenset({"budget_exhausted", "key_budget_exhausted", "retry_budget_exhausted"})
 
@@ -120,7 +124,7 @@ class Ticket:
                                   admitting=(self.admitting_key, self.member), ack=self.ack, affinity=affinity,
                                   place=self.req.place, wake=wake)
 
-    async def close(self, outcome: str | None, usage: Usage | None = None) -> None:
+    async def close(self, outcome: Outcome | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.
 
         Completed: settle with the real usage (without it, as below). Cancelled or expired after an engine
@@ -132,10 +136,10 @@ class Ticket:
         if self.closed:
             return
         self.closed = True
-        settle_with = usage if outcome == "completed" else None
+        settle_with = usage if outcome == Outcome.COMPLETED else None
         # A call that completed just as its caller hung up ends with no usage seen: like a cancel
         # after an engine took it, it is charged what was reserved, never nothing.
-        if settle_with is None and outcome in ("completed", "cancelled", "expired") and self.reservations:
+        if settle_with is None and outcome in CHARGED_IF_TAKEN and self.reservations:
             attempt = await self.redis.hget(self.request_key, "attempt")
             if attempt is not None and int(attempt) > 0:
                 settle_with = Usage(self.req.prompt_tokens, self.req.max_tokens)
@@ -152,7 +156,3 @@ async def end_all(reservations: Sequence[Reservation], usage: Usage | None) -> N
         except Exception:  # one step's Redis blip must not keep the others from ending
             log.exception("could not end reservation %r", r)
 
-
-def outcome_of(ev: Done | Failed) -> str:
-    """The outcome a final event stands for."""
-    return "completed" if isinstance(ev, Done) else ev.outcome

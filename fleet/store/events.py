@@ -77,13 +77,6 @@ class Failed:
     code: str | None = None
     param: str | None = None
 
-    @property
-    def outcome(self) -> str:
-        """The outcome the line counts for it."""
-        if self.type == "deadline_exceeded":
-            return "expired"
-        return "cancelled" if self.type == "cancelled" else "failed"
-
 
 Event = Chunk | Done | Failed
 
