@@ -34,6 +34,7 @@ chromium:
 
 test: $(STAMP) $(VLLM_STAMP) chromium
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The fast loop: pure and store tests (no vLLM, no Chromium, no processes), under a minute.
@@ -41,8 +42,10 @@ test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "pure or store" tests/pure tests/store
 
+# mypy checks what [tool.mypy] in pyproject.toml names (the core and the workers), in seconds.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The market-open shape, headless, against a running `fleet up` (LOADTEST_URL);
 # LOADTEST_DURATION_S compresses the 90-minute morning. Reports in loadtests/reports/.

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +29,7 @@ from fleet.clock_config import ClientClock
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
+    EngineName,
     OpenAIUpstream,
     SimProfile,
     VllmSettings,
@@ -152,7 +154,7 @@ def wait_limit_inversions(limits: dict[str, float]) -> list[str]:
 
 class TierConfig(_Strict):
     aliases: list[str] = Field(default_factory=list)
-    engine: Literal["sim", "vllm", "openai"] = "sim"
+    engine: EngineName = EngineName.SIM
     warm_floor: int = Field(1, ge=0)
     max_replicas: int = Field(4, ge=1)
     drain_threshold_s: float = Field(2.0, gt=0)
@@ -349,8 +351,9 @@ class FleetConfig(BaseSettings):
             if bad := k.unknown_tiers(self.tiers):
                 raise ValueError(f"keys.{i}.tiers: no tier {', '.join(map(repr, bad))}; tiers are "
                                  f"{', '.join(self.tiers)}")
-            if k.name in names or names.add(k.name):  # operators tell keys apart by name (revoke, logs)
+            if k.name in names:  # operators tell keys apart by name (revoke, logs)
                 raise ValueError(f"keys.{i}.name: {k.name!r} is used by another key")
+            names.add(k.name)
         return self
 
     def resolve_model(self, model: str) -> str | None:
@@ -363,7 +366,7 @@ class FleetConfig(BaseSettings):
         return None
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     path = ".".join(str(p) for p in err["loc"]) or "(top level)"
     got = err.get("input")
     shown = "" if isinstance(got, dict | list) or err["type"] == "missing" else f" (got {got!r})"

@@ -1,11 +1,23 @@
-"""Engine settings of a tier: the sim engine's latency profile, the capacity the policy plans
-with, vLLM's limits and the `openai` engine's upstream. Split from `fleet.config` by concern;
-`fleet.config` re-exports every name here.
+"""Engine settings of a tier: the engines there are (`EngineName`), the sim engine's latency
+profile, the capacity the policy plans with, vLLM's limits and the `openai` engine's upstream.
+Split from `fleet.config` by concern; `fleet.config` re-exports every name here.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineName(StrEnum):
+    """The engines a replica can run, named once: the config validates `engine:` against these, the
+    command offers them, and `workers.engines.registry.ENGINES` maps each to its class (a test holds
+    the two to each other). A str: it compares, hashes and serialises as its value."""
+
+    SIM = "sim"  # the calibrated latency model
+    VLLM = "vllm"  # vLLM in the worker's process
+    OPENAI = "openai"  # forwarding to an OpenAI-compatible upstream
 
 
 class _Strict(BaseModel):

@@ -10,9 +10,11 @@ registry is the truth, and the config only adds versions it does not know.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.engine_config import EngineName
 
 VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -30,7 +32,7 @@ class ModelVersionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["sim", "vllm", "openai"] | None = None
+    engine: EngineName | None = None
     weights: str | None = None  # vllm: the model path or hub id (with revision); openai: the upstream model
     engine_args: dict[str, Any] = Field(default_factory=dict)  # over the tier's vllm:/openai: settings
     sim: dict[str, Any] = Field(default_factory=dict)  # over the tier's sim: profile (nested keys merge)

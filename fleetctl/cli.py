@@ -10,11 +10,12 @@ from typing import Any
 
 import click
 
-from fleet.config import ConfigError, FleetConfig, load_config
+from fleet.config import ConfigError, EngineName, FleetConfig, load_config
 
 HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 CONFIG = click.option("--config", "config_path", default=None, envvar="FLEET_CONFIG",
                       help="Fleet config YAML (default configs/fleet.yaml).")
+ENGINES = click.Choice([e.value for e in EngineName])  # the engines there are, as the config names them
 
 
 def _config(path: str | None) -> FleetConfig:
@@ -98,7 +99,7 @@ def gateway(host: str, port: int, config_path: str | None, metrics_port: int | N
 
 @main.command()
 @click.option("--tier", required=True, help="The tier whose line this worker serves.")
-@click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
+@click.option("--engine", "engine_name", default=None, type=ENGINES,
               help="Engine (default: the tier's configured engine).")
 @click.option("--replica-id", default=None)
 @click.option("--model-version", default=None, help="Model version to run (default: the registry's live one).")
@@ -127,7 +128,7 @@ def worker(tier: str, engine_name: str | None, replica_id: str | None, model_ver
 @HOST
 @click.option("--port", default=8000, show_default=True, type=int)
 @CONFIG
-@click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
+@click.option("--engine", "engine_name", default=None, type=ENGINES,
               help="Engine for every tier (default: each tier's configured engine).")
 def up(host: str, port: int, config_path: str | None, engine_name: str | None) -> None:
     """Everything on one machine: gateway and workers at each tier's warm floor."""
@@ -181,7 +182,7 @@ def status(url: str, as_json: bool, wide: bool, api_key: str) -> None:
 @click.option("--network", default=None, help="Docker network for the worker containers.")
 @click.option("--volume", "volumes", multiple=True, metavar="HOST:CONTAINER[:ro]",
               help="Bind into every worker container (--backend docker): weights, the config. Repeatable.")
-@click.option("--engine", "engine_name", default=None, type=click.Choice(["sim", "vllm", "openai"]),
+@click.option("--engine", "engine_name", default=None, type=ENGINES,
               help="Engine for every replica (default: each tier's configured engine).")
 @click.option("--drain-grace", "drain_grace_s", default=300.0, show_default=True, type=float,
               help="Seconds a draining replica may take to finish its requests before it is killed.")

@@ -40,7 +40,7 @@ async def run_worker(cfg: FleetConfig, tier: str, engine_name: str | None, redis
 
     It runs `version` of the tier's model (default: the registry's live one), as the
     registry describes it; `engine_name`, when given, overrides that version's engine."""
-    from workers.engines import build_engine
+    from workers.engines.registry import build_engine
 
     if metrics_port is not None:  # Prometheus scrapes each replica here (a thread; the loop never serves it)
         from prometheus_client import start_http_server

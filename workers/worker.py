@@ -28,7 +28,7 @@ from fleet.config import FleetConfig
 from fleet.policy import replica_concurrency, tier_capacity
 from fleet.store.affinity import tier_line
 from fleet.store.events import Done, Failed
-from fleet.store.heartbeats import Heartbeat, remove_heartbeat, write_heartbeat
+from fleet.store.heartbeats import Heartbeat, ReplicaState, remove_heartbeat, write_heartbeat
 from fleet.store.ledger import Ledger, TokenCharge
 from fleet.store.line import Claimed
 from fleet.store.payloads import BadPayload, CallPayload
@@ -36,6 +36,7 @@ from fleet.store.version_outcomes import queue_outcome
 from fleet.tasks import cancel_and_wait
 from workers.charging import Charges
 from workers.engines.base import Engine, EngineError, EngineRequest
+from workers.engines.registry import engine_name as registered_name
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.serving import Progress, run_engine
 from workers.streaming import LeaseLost, StreamWriter
@@ -46,13 +47,13 @@ log = logging.getLogger("fleet.worker")
 
 class Worker:
     def __init__(self, cfg: FleetConfig, tier: str, engine: Engine, redis: Redis, *,
-                 replica_id: str | None = None, engine_name: str = "sim", blocking: Redis | None = None,
+                 replica_id: str | None = None, engine_name: str | None = None, blocking: Redis | None = None,
                  pubsub: Redis | None = None, version: str = "", started: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.tier = tier
         self.tc = cfg.tiers[tier]
         self.engine = engine
-        self.engine_name = engine_name
+        self.engine_name = engine_name or registered_name(engine)  # what its heartbeats say it runs
         self.version = version  # the model version it runs, in every heartbeat
         self._started = started  # called once the engine is up (a replica's process freezes the gc then)
         self.redis = redis
@@ -60,7 +61,7 @@ class Worker:
         self.replica_id = replica_id or f"{tier}-{uuid.uuid4().hex[:8]}"
         self.line = tier_line(redis, cfg, tier, blocking)  # affine where the tier says so
         self.ledger = Ledger(redis, cfg.namespace, tier, self.tc)
-        self.state = "starting"
+        self.state: ReplicaState = "starting"
         self.active: dict[str, asyncio.Task[None]] = {}
         self.owners: dict[str, str] = {}  # rid -> the lease this replica holds on it
         # The tokens of all streamed requests, written together.
@@ -96,8 +97,8 @@ class Worker:
                 raise
             except Exception as e:  # any engine's bad model path, bad settings, missing GPU
                 raise EngineError(f"{type(e).__name__}: {e}", "engine_start_failed") from e
-            self.cold_start_s = getattr(self.engine, "cold_start_s", None) or time.monotonic() - t0
-            self.model_name = getattr(self.engine, "model_name", None)  # the engine's name, in every answer
+            self.cold_start_s = self.engine.cold_start_s or time.monotonic() - t0
+            self.model_name = self.engine.model_name  # the engine's name, in every answer
             self.concurrency = self._concurrency()
             if self._started is not None:
                 self._started()
@@ -155,10 +156,8 @@ class Worker:
         tier's typical request shape. What it cannot batch stays in the line, where the gateway's
         admission and the scaler see it, instead of queueing unseen inside the engine."""
         cap = tier_capacity(self.tc)  # the typical request shape the tier plans with
-        kv = getattr(self.engine, "kv_capacity_tokens", None)  # vLLM reports its own after start
-        if kv is None and self.engine_name == "sim":
-            kv = self.tc.sim.kv_capacity_tokens  # the sim engine's own cache
-        return replica_concurrency(self.tc.slots, kv, cap.typical_prompt_tokens + cap.typical_output_tokens)
+        return replica_concurrency(self.tc.slots, self.engine.kv_capacity_tokens,
+                                   cap.typical_prompt_tokens + cap.typical_output_tokens)
 
     async def _claim_loop(self) -> None:
         """Claim from the line only what the free slots allow, until the replica drains.
@@ -305,9 +304,8 @@ class Worker:
         it counts. The version's outcome goes in the charge's round trip, with the other calls that
         end within the window (`workers.charging`)."""
         self.streams.discard(c.lease)
-        made = getattr(self.engine, "made", None)  # an engine that answers whole counts what it made meanwhile
-        if made is not None:
-            progress.completion_tokens = max(progress.completion_tokens, made(f"{c.rid}-{c.attempt}"))
+        # An engine that answers whole counts what it made meanwhile (the others say 0).
+        progress.completion_tokens = max(progress.completion_tokens, self.engine.made(f"{c.rid}-{c.attempt}"))
         if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
             self.active.pop(c.rid, None)
             self.owners.pop(c.rid, None)
@@ -367,7 +365,7 @@ class Worker:
         metrics.WORKER_ACTIVE.labels(self.tier, self.replica_id).set(len(self.active))
         metrics.WORKER_SLOTS.labels(self.tier, self.replica_id).set(self.concurrency)
         await write_heartbeat(self.redis, self.line.keys, Heartbeat(
-            id=self.replica_id, state=self.state, slots=self.concurrency, in_use=len(self.active),  # type: ignore[arg-type]
+            id=self.replica_id, state=self.state, slots=self.concurrency, in_use=len(self.active),
             completed=self.completed, cold_start_s=self.cold_start_s, ts=time.time(), started=self.started_at,
             pid=os.getpid(), engine=self.engine_name, version=self.version))
         # Replica-seconds by state into the spend ledger (idempotent: see fleet.ledger).

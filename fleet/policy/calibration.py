@@ -102,9 +102,9 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
         factor = reading if reading < factor else factor + _weight(obs, measured_at) * (reading - factor)
         measured_at = obs.now
     elif steady and obs.completions_in_window >= MIN_LITTLE_COMPLETIONS:
-        reading = littles_factor(model, obs, served)
-        if reading is not None:
-            factor, measured_at = _bounded(factor + _weight(obs, measured_at) * (reading - factor)), obs.now
+        little = littles_factor(model, obs, served)
+        if little is not None:
+            factor, measured_at = _bounded(factor + _weight(obs, measured_at) * (little - factor)), obs.now
     return Calibration(startup_s=startup, rate_factor=factor, measured_startups=len(obs.startups_measured),
                        ready=ready, ready_since=ready_since, measured_at=measured_at)
 

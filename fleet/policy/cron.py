@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -26,7 +27,7 @@ _local = threading.local()
 MAX_REMEMBERED = 4096  # expressions and zones are few; a long-lived process stays bounded
 
 
-def _memo(name: str) -> dict:  # type: ignore[type-arg]
+def _memo(name: str) -> dict[Any, Any]:
     """This thread's memo `name` (a `croniter` is moved by each query, so none is shared)."""
     memo = getattr(_local, name, None)
     if memo is None or len(memo) > MAX_REMEMBERED:

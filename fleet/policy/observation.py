@@ -78,7 +78,7 @@ def observe_tier(tier: str, now: float, window_s: float, *, line: Sequence[int] 
     if len(by_class) != 4:
         raise ValueError(f"the line has four classes, got {len(by_class)}")
     return TierObservation(
-        tier=tier, now=now, window_s=window_s, line=by_class,  # type: ignore[arg-type]
+        tier=tier, now=now, window_s=window_s, line=by_class,
         oldest_wait_s=oldest_wait_s, in_flight=in_flight, arrivals_in_window=arrivals_in_window,
         completions_in_window=completions_in_window, busy_s=min(max(0.0, busy_s), window_s),
         completions_while_busy=completions_while_busy,

@@ -44,7 +44,7 @@ async def read_stored_keys(redis: Redis, namespace: str) -> StoredKeys:
 
 
 def list_stored_keys(r: sync_redis.Redis, namespace: str) -> StoredKeys:
-    return _parse(r.hgetall(stored_api_keys(namespace)))  # type: ignore[arg-type]
+    return _parse(r.hgetall(stored_api_keys(namespace)))
 
 
 class KeyExists(ValueError):
@@ -68,7 +68,7 @@ def add_first_admin_key(r: sync_redis.Redis, namespace: str, key: ApiKey) -> boo
         while True:
             try:
                 p.watch(h)
-                stored = _parse(p.hgetall(h))  # type: ignore[arg-type]
+                stored = _parse(p.hgetall(h))
                 if any(k.admin for k in stored.keys):
                     return False
                 if any(k.name == key.name for k in stored.keys):
@@ -85,7 +85,7 @@ def revoke_stored_key(r: sync_redis.Redis, namespace: str, name: str) -> int:
     """Remove every stored key of that name; how many were removed."""
     h = stored_api_keys(namespace)
     gone = []
-    for digest, value in r.hgetall(h).items():  # type: ignore[union-attr]
+    for digest, value in r.hgetall(h).items():
         try:
             if ApiKey.model_validate_json(value).name == name:
                 gone.append(digest)

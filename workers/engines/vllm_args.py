@@ -51,7 +51,7 @@ def parse_serve_args(s: VllmSettings) -> Any:
     def refuse(message: str) -> None:  # argparse would print and exit: say which flag instead
         raise ValueError(message)
 
-    parser.error = refuse  # type: ignore[method-assign]
+    parser.error = refuse
     try:
         args = parser.parse_args(argv)
         validate_parsed_serve_args(args)

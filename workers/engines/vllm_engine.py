@@ -27,14 +27,14 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, Self
 
 import orjson
 
-from fleet.config import VllmSettings
+from fleet.config import TierConfig, VllmSettings
 from fleet.prompt_size import estimate_prompt_tokens
-from workers.engines.base import Delta, EngineError, EngineRequest
+from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
 from workers.engines.vllm_args import parse_serve_args, serve_argv  # noqa: F401  serve_argv: re-exported
 
@@ -64,7 +64,7 @@ def apply_env_defaults() -> None:
         del os.environ["VLLM_CPU_KVCACHE_SPACE"]
 
 
-class VllmEngine:
+class VllmEngine(Engine):
     """Engine contract over vLLM's `AsyncLLM` and its OpenAI serving layer.
 
     Attributes, valid after `start()`:
@@ -85,12 +85,19 @@ class VllmEngine:
           worker then stops and is replaced).
     """
 
+    # Capabilities (`Engine`) as class attributes: what `start` sets then replaces the protocol's defaults.
+    cold_start_s: float = 0.0
+    kv_capacity_tokens: int | None = None
+    model_name: str = ""
+
+    @classmethod
+    def for_tier(cls, tier: TierConfig, *, time_scale: float = 1.0) -> Self:
+        return cls(tier.vllm)  # vLLM keeps its own time
+
     def __init__(self, settings: VllmSettings) -> None:
         self.settings = settings
-        self.cold_start_s: float = 0.0
         self.max_model_len: int = settings.max_model_len
-        self.kv_capacity_tokens: int | None = None
-        self.model_name: str = settings.served_model_name or settings.model
+        self.model_name = settings.served_model_name or settings.model
         self._engine: AsyncLLM | None = None
         self._serving: dict[str, Any] = {}  # "chat" and "completion": vLLM's serving objects
         self._vllm: dict[str, Any] = {}
@@ -225,7 +232,7 @@ class VllmEngine:
         except ValueError as e:  # pydantic's ValidationError: name the field
             raise EngineError(f"vLLM refused the request: {e}", "invalid_request_error", "invalid_value") from None
 
-    async def generate(self, req: EngineRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[Delta, None]:
         """vLLM's answer through its serving layer: streamed, each SSE chunk as deltas
         (`workers.engines.chunks`); not streamed, its response whole."""
         if self._engine is None:
