@@ -17,29 +17,39 @@ from redis.asyncio import Redis
 
 from fleet.store.flows import FLOW_START, Place
 from fleet.store.keys import TierKeys
-from fleet.store.line_scripts import LUA_BY_CLASS
-from fleet.store.lua import CLOCK
-from fleet.store.retries import JOINED, RETRY_GATE
+from fleet.store.line_lua import BY_CLASS, LINE_CONSTS
+from fleet.store.lua import Script, named
+from fleet.store.retries import GATE_CONSTS, JOINED, RETRY_GATE
 from fleet.store.tier_budget import EXHAUSTED, RETRY_AT
 
 # How long a "being admitted" mark lives if its gateway dies between the decision and the line.
 ADMITTING_HOLD_MS = 5000
 
-# KEYS: line completions budget admitting inflight retry retry_window [flow_clock flow]
-# ARGV: window_ms prefix member hold_ms digest attempt taken_ms ratio budget_s min_per_s [rank half_ms]
-# First the retry gate (`fleet.store.retries`): a retry takes over the call its client left, or
-# is refused by the retry budget, before anything is observed or marked.
+# `member`: this call's mark, held `hold_ms`. The retry gate's arguments (`digest` .. `min_per_s`,
+# `fleet.store.retries`): a retry takes over the call its client left, or is refused by the retry
+# budget, before anything is observed or marked. `flow_clock`, `flow` (optional) with `rank` and
+# `half_ms` ('' without them): its flow in a fair tier.
 # Returns: now_ms, waiting by class (4), being admitted by class (4), busy_ms,
 #          completions in window, completions while busy, budget exhausted, budget retry_at,
 #          in flight (claimed by replicas now),
 #          ahead in its class (with a flow, in a fair tier: the calls of its class placed before
 #          where ENQUEUE would place it now, `fleet.store.flows`; else -1)
-OBSERVE_AND_MARK = CLOCK + RETRY_GATE + LUA_BY_CLASS + FLOW_START + f"""
-local out = {{n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}}
-local oldest = oldest_enq
+# or the gate's answer (`fleet.store.retries`).
+OBSERVE_AND_MARK = Script(
+    "OBSERVE_AND_MARK", keys=("line", "completions", "budget", "admitting", "inflight", "retry", "retry_window"),
+    optional_keys=("flow_clock", "flow"),
+    args=("window_ms", "prefix", "member", "hold_ms", "digest", "attempt", "taken_ms", "ratio", "budget_s",
+          "min_per_s", "rank", "half_ms"),
+    consts={**LINE_CONSTS, **GATE_CONSTS, "BUDGET_EXHAUSTED": EXHAUSTED, "BUDGET_RETRY_AT": RETRY_AT},
+    uses=(RETRY_GATE, BY_CLASS, FLOW_START), body="""
+local gated = retry_gate(retry, retry_window, digest, attempt, tonumber(taken_ms), tonumber(ratio),
+  tonumber(budget_s), tonumber(min_per_s))
+if gated then return gated end
+local by_class, oldest = by_class_of(line)
+local out = {n2s(now), by_class[1], by_class[2], by_class[3], by_class[4]}
 -- The marks of calls being admitted, those expired dropped: one call unless some expired.
-local pend, stale = {{0, 0, 0, 0}}, false
-local marks = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+local pend, stale = {0, 0, 0, 0}, false
+local marks = redis.call('ZRANGE', admitting, 0, -1, 'WITHSCORES')
 for i = 1, #marks, 2 do
   if tonumber(marks[i + 1]) <= now then
     stale = true
@@ -48,28 +58,28 @@ for i = 1, #marks, 2 do
     pend[r] = pend[r] + 1
   end
 end
-if stale then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', n2s(now)) end
+if stale then redis.call('ZREMRANGEBYSCORE', admitting, '-inf', n2s(now)) end
 for r = 1, 4 do out[#out + 1] = pend[r] end
-redis.call('ZADD', KEYS[4], n2s(now + tonumber(ARGV[4])), ARGV[3])
-redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[4]) * 2)
+redis.call('ZADD', admitting, n2s(now + tonumber(hold_ms)), member)
+redis.call('PEXPIRE', admitting, tonumber(hold_ms) * 2)
 local busy = now - oldest
-local window = tonumber(ARGV[1])
+local window = tonumber(window_ms)
 out[#out + 1] = n2s(busy)
-out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - window), '+inf')
-out[#out + 1] = redis.call('ZCOUNT', KEYS[2], n2s(now - math.min(busy, window)), '+inf')
-local b = redis.call('HMGET', KEYS[3], '{EXHAUSTED}', '{RETRY_AT}')
+out[#out + 1] = redis.call('ZCOUNT', completions, n2s(now - window), '+inf')
+out[#out + 1] = redis.call('ZCOUNT', completions, n2s(now - math.min(busy, window)), '+inf')
+local b = redis.call('HMGET', budget, BUDGET_EXHAUSTED, BUDGET_RETRY_AT)
 out[#out + 1] = b[1] or '0'
 out[#out + 1] = b[2] or ''
-out[#out + 1] = redis.call('ZCARD', KEYS[5])
-if KEYS[9] then
-  local rank = tonumber(ARGV[11])
-  local start = flow_start(KEYS[1], KEYS[8], KEYS[9], rank, tonumber(ARGV[12]))
-  out[#out + 1] = redis.call('ZCOUNT', KEYS[1], n2s(rank * 1e15), '(' .. n2s(rank * 1e15 + start))
+out[#out + 1] = redis.call('ZCARD', inflight)
+if flow then
+  local class = tonumber(rank)
+  local start = flow_start(line, flow_clock, flow, class, tonumber(half_ms))
+  out[#out + 1] = redis.call('ZCOUNT', line, n2s(class * CLASS_SPAN), '(' .. n2s(class * CLASS_SPAN + start))
 else
   out[#out + 1] = -1
 end
 return out
-"""
+""")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +139,7 @@ class Admitting:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._observe = redis.register_script(OBSERVE_AND_MARK)
+        self._observe = named(redis.register_script(OBSERVE_AND_MARK))
 
     async def observe_and_mark(self, keys: TierKeys, prefix: str, member: str, window_ms: int,
                                place: tuple[int, Place] | None = None, attempt: Attempt = Attempt(),
@@ -137,13 +147,15 @@ class Admitting:
         """The tier as this call sees it, marking it as being admitted. `place` (rank, place): in a
         fair tier, also how many of its class the line would put before it. First the retry gate:
         `Gated` when `attempt` takes over a parked call or the retry budget refuses it."""
-        fair_keys, fair_args = ((place[1].keys(keys, place[0]), [place[0], place[1].half_ms]) if place else ([], []))
+        flow_clock, flow = place[1].keys(keys, place[0]) if place else (None, None)
         raw = await self._observe(
-            keys=[keys.line, keys.completions, keys.budget, keys.admitting, keys.inflight,
-                  keys.retry(attempt.identity), keys.retry_window, *fair_keys],
-            args=[window_ms, prefix, member, ADMITTING_HOLD_MS, attempt.digest if attempt.identity else "",
-                  "retry" if attempt.retry else "first", attempt.taken_ms, budget.ratio, budget.window_s,
-                  budget.min_per_s, *fair_args])
+            line=keys.line, completions=keys.completions, budget=keys.budget, admitting=keys.admitting,
+            inflight=keys.inflight, retry=keys.retry(attempt.identity), retry_window=keys.retry_window,
+            flow_clock=flow_clock, flow=flow, window_ms=window_ms, prefix=prefix, member=member,
+            hold_ms=ADMITTING_HOLD_MS, digest=attempt.digest if attempt.identity else "",
+            attempt="retry" if attempt.retry else "first", taken_ms=attempt.taken_ms, ratio=budget.ratio,
+            budget_s=budget.window_s, min_per_s=budget.min_per_s, rank=place[0] if place else "",
+            half_ms=place[1].half_ms if place else "")
         if int(raw[0]) < 0:
             return Gated(int(raw[0]), _s(raw[1]) if int(raw[0]) == JOINED else "")
         retry_at = _s(raw[13])

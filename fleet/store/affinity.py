@@ -15,7 +15,8 @@ cache is coldest, for the scale-in victim). The prefix key itself is the gateway
 (`fleet.prefix.affinity_key`), stored in the request hash as `aff` at enqueue.
 
 The line's plain claim (`fleet.store.line_scripts.CLAIM`) is left as it is: this one differs
-only in which of the first `window` calls of the best class it takes (see AFFINE_CLAIM).
+only in which of the first `window` calls of the best class it takes (see AFFINE_CLAIM); both
+take a call with the one Lua function `take` (`fleet.store.line_lua.TAKE`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from redis.asyncio import Redis
 
 from fleet.classes import Affinity
 from fleet.config import FleetConfig
-from fleet.store.events import EXPIRED_IN_LINE, lua_literal
 from fleet.store.keys import TierKeys
 from fleet.store.line import Line
-from fleet.store.line_scripts import _EVENT as EVENT  # the scripts' own end of a call, shared
-from fleet.store.lua import CLOCK
+from fleet.store.line_lua import LINE_CONSTS, RETIRE, TAKE
+from fleet.store.lua import Script, named
 
 # A replica waits on the bell at most a second between claims (`workers.waiting.WAIT_S`); one that
 # ran no claim for three is full or gone, and a call does not wait for it.
@@ -56,13 +56,16 @@ class AffinityRules:
             return None
         return cls(a.window, a.waits_ms(wait_limit_s), a.slack_ms, int(a.hold_s * 1000), a.max_keys)
 
-    def args(self) -> list[Any]:
-        return [self.window, ",".join(str(w) for w in self.wait_ms), self.slack_ms, self.hold_ms, self.live_ms,
-                self.max_keys]
+    def named(self) -> dict[str, Any]:
+        """The claim's arguments these rules fill (`RULES`)."""
+        return {"window": self.window, "wait_ms": ",".join(str(w) for w in self.wait_ms), "slack_ms": self.slack_ms,
+                "hold_ms": self.hold_ms, "live_ms": self.live_ms, "max_keys": self.max_keys}
 
 
-# KEYS: line inflight counters aff aff:at aff:n claimers
-# ARGV: n replica lease_ms prefix ttl_s caps('' for none) window waits slack_ms hold_ms live_ms max_keys
+# AFFINE_CLAIM's arguments that come from a tier's `AffinityRules` (`wait_ms`: per class rank, comma-separated).
+RULES = ("window", "wait_ms", "slack_ms", "hold_ms", "live_ms", "max_keys")
+
+
 # Returns {more, claimed, retry_ms}: `more` and `claimed` as CLAIM's; `retry_ms` > 0 when the claim
 # left calls waiting for the replica that holds their prefix: they are anyone's in that many ms.
 #
@@ -73,37 +76,36 @@ class AffinityRules:
 #      claim stops, so no lower class goes ahead of them.
 # A call is due once it waited its class's hold, has less than `slack_ms` left, or a replica
 # preempted for it (`pmark`): a due call is never passed over nor held back. A call that ended in
-# the line, or whose hash is gone, is dropped on the way as CLAIM drops it.
-AFFINE_CLAIM = CLOCK + EVENT + """
-local out, n, pops, more, retry = {}, tonumber(ARGV[1]), 0, 1, 0
-local me, prefix, ttl = ARGV[2], ARGV[4], tonumber(ARGV[5])
-local caps = nil
-if ARGV[6] ~= '' then
-  caps = {}
-  for c in string.gmatch(ARGV[6], '[^,]+') do caps[#caps + 1] = tonumber(c) end
-end
-local window, waits = tonumber(ARGV[7]), {}
-for w in string.gmatch(ARGV[8], '[^,]+') do waits[#waits + 1] = tonumber(w) end
-local slack, hold, live, maxkeys = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
-redis.call('ZADD', KEYS[7], n2s(now), me)
+# the line, or whose hash is gone, is dropped on the way as CLAIM drops it (the same `take`).
+AFFINE_CLAIM = Script(
+    "AFFINE_CLAIM",
+    keys=("line", "inflight", "counters", "affinity", "affinity_at", "affinity_count", "claimers"),
+    args=("n", "replica", "lease_ms", "prefix", "ttl_s", "caps", *RULES),
+    consts=LINE_CONSTS, uses=(RETIRE, TAKE), body="""
+local out, pops, more, retry = {}, 0, 1, 0
+local want, lease, ttl, cap = tonumber(n), tonumber(lease_ms), tonumber(ttl_s), parse_caps(caps)
+local me, seen_window, waits = replica, tonumber(window), {}
+for w in string.gmatch(wait_ms, '[^,]+') do waits[#waits + 1] = tonumber(w) end
+local slack, hold, live, maxkeys = tonumber(slack_ms), tonumber(hold_ms), tonumber(live_ms), tonumber(max_keys)
+redis.call('ZADD', claimers, n2s(now), me)
 local rung = {}
 local function holder_of(key)
   if not key or key == '' then return nil end
-  local h = redis.call('HGET', KEYS[4], key)
+  local h = redis.call('HGET', affinity, key)
   if not h then return nil end
   if h == me then return h end
-  local seen = redis.call('ZSCORE', KEYS[7], h)
+  local seen = redis.call('ZSCORE', claimers, h)
   if seen and tonumber(seen) >= now - live then return h end
   return nil
 end
 -- One slot: the rid to take (or drop), or nil when every call looked at waits for its replica.
 local function choose(rank)
   local wait = waits[rank + 1]
-  local cands = redis.call('ZRANGEBYSCORE', KEYS[1], n2s(rank * 1e15), '(' .. n2s((rank + 1) * 1e15),
-    'LIMIT', 0, window)
+  local cands = redis.call('ZRANGEBYSCORE', line, n2s(rank * CLASS_SPAN), '(' .. n2s((rank + 1) * CLASS_SPAN),
+    'LIMIT', 0, seen_window)
   local first = nil
   for _, rid in ipairs(cands) do
-    local f = redis.call('HMGET', prefix .. 'req:' .. rid, 'state', 'deadline', 'enq', 'aff', 'pmark')
+    local f = redis.call('HMGET', request_key(rid), 'state', 'deadline', 'enq', 'aff', 'pmark')
     if f[1] ~= 'queued' or tonumber(f[2]) <= now then return first or rid end
     local waited, left = now - tonumber(f[3]), tonumber(f[2]) - now
     local h = holder_of(f[4])
@@ -114,7 +116,7 @@ local function choose(rank)
       if retry == 0 or due < retry then retry = due end
       if not rung[h] then
         rung[h] = true
-        local wake = prefix .. 'wake:' .. h
+        local wake = wake_key(h)
         redis.call('LPUSH', wake, 1)
         redis.call('LTRIM', wake, 0, 0)
         redis.call('PEXPIRE', wake, 10000)
@@ -126,29 +128,29 @@ local function choose(rank)
   return first
 end
 local function forget(key)
-  local h = redis.call('HGET', KEYS[4], key)
-  if h then redis.call('HINCRBY', KEYS[6], h, -1) end
-  redis.call('HDEL', KEYS[4], key)
-  redis.call('ZREM', KEYS[5], key)
+  local h = redis.call('HGET', affinity, key)
+  if h then redis.call('HINCRBY', affinity_count, h, -1) end
+  redis.call('HDEL', affinity, key)
+  redis.call('ZREM', affinity_at, key)
 end
 local function remember(key)
-  local h = redis.call('HGET', KEYS[4], key)
+  local h = redis.call('HGET', affinity, key)
   if h ~= me then
-    if h then redis.call('HINCRBY', KEYS[6], h, -1) end
-    redis.call('HINCRBY', KEYS[6], me, 1)
-    redis.call('HSET', KEYS[4], key, me)
+    if h then redis.call('HINCRBY', affinity_count, h, -1) end
+    redis.call('HINCRBY', affinity_count, me, 1)
+    redis.call('HSET', affinity, key, me)
   end
-  redis.call('ZADD', KEYS[5], n2s(now), key)
+  redis.call('ZADD', affinity_at, n2s(now), key)
 end
-while #out < n and pops < 4 * n + 16 do
+while #out < want and pops < 4 * want + 16 do
   pops = pops + 1
-  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', line, 0, 0, 'WITHSCORES')
   if #head == 0 then
     more = 0
     break
   end
-  local rank = math.floor(tonumber(head[2]) / 1e15)
-  if caps and #out >= caps[rank + 1] then  -- its class has no slot here
+  local rank = math.floor(tonumber(head[2]) / CLASS_SPAN)
+  if cap and #out >= cap[rank + 1] then  -- its class has no slot here
     more = 0
     break
   end
@@ -157,37 +159,24 @@ while #out < n and pops < 4 * n + 16 do
     more = 0
     break
   end
-  redis.call('ZREM', KEYS[1], rid)
-  local req = prefix .. 'req:' .. rid
-  local f = redis.call('HMGET', req, 'state', 'deadline', 'payload', 'attempt', 'enq', 'priority', 'preempted', 'aff')
-  if not f[1] then
-    redis.call('HINCRBY', KEYS[3], 'expired', 1)
-  elseif f[1] == 'queued' then
-    if tonumber(f[2]) <= now then
-      retire(req, rid, 'expired', ttl)
-      redis.call('HINCRBY', KEYS[3], 'expired', 1)
-      emit(prefix .. 'res:' .. rid, 'f', """ + lua_literal(EXPIRED_IN_LINE) + """, ttl)
-    else
-      local attempt = tonumber(f[4]) + 1
-      local owner = me .. ':' .. attempt
-      redis.call('HSET', req, 'state', 'running', 'owner', owner, 'attempt', attempt, 'claimed', n2s(now),
-        'pmark', '')
-      redis.call('ZADD', KEYS[2], n2s(now + tonumber(ARGV[3])), rid)
-      if f[8] and f[8] ~= '' then remember(f[8]) end
-      out[#out + 1] = {rid, f[3], attempt, n2s(tonumber(f[2]) - now), n2s(now - tonumber(f[5])), f[6], owner,
-        f[7] or '0'}
-    end
+  redis.call('ZREM', line, rid)
+  local row, aff = take(rid, me, lease, ttl, inflight, counters)
+  if row then
+    if aff and aff ~= '' then remember(aff) end
+    out[#out + 1] = row
   end
 end
 -- Bounded upkeep: forget prefixes older than `hold`, and the oldest beyond `maxkeys`, a few a claim.
-for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', n2s(now - hold), 'LIMIT', 0, 8)) do forget(key) end
-local over = redis.call('ZCARD', KEYS[5]) - maxkeys
-if over > 0 then
-  for _, key in ipairs(redis.call('ZRANGE', KEYS[5], 0, math.min(over, 8) - 1)) do forget(key) end
+for _, key in ipairs(redis.call('ZRANGEBYSCORE', affinity_at, '-inf', n2s(now - hold), 'LIMIT', 0, 8)) do
+  forget(key)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', n2s(now - 100 * live))
+local over = redis.call('ZCARD', affinity_at) - maxkeys
+if over > 0 then
+  for _, key in ipairs(redis.call('ZRANGE', affinity_at, 0, math.min(over, 8) - 1)) do forget(key) end
+end
+redis.call('ZREMRANGEBYSCORE', claimers, '-inf', n2s(now - 100 * live))
 return {more, out, n2s(retry)}
-"""
+""")
 
 
 class AffineLine(Line):
@@ -197,15 +186,13 @@ class AffineLine(Line):
     def __init__(self, redis: Redis, namespace: str, tier: str, *, rules: AffinityRules, **kw: Any) -> None:
         super().__init__(redis, namespace, tier, **kw)
         self.rules = rules
-        self._claim = redis.register_script(AFFINE_CLAIM)
+        self._claim = named(redis.register_script(AFFINE_CLAIM))
 
-    def _claim_keys(self) -> list[str]:
+    def _claim_named(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None) -> dict[str, Any]:
         k = self.keys
-        return [k.line, k.inflight, k.counters, k.affinity, k.affinity_at, k.affinity_count, k.claimers]
-
-    def _claim_args(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None) -> list[Any]:
-        return [n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s,
-                ",".join(str(c) for c in caps) if caps is not None else "", *self.rules.args()]
+        return {**super()._claim_named(replica, n, lease_s, caps), "affinity": k.affinity,
+                "affinity_at": k.affinity_at, "affinity_count": k.affinity_count, "claimers": k.claimers,
+                **self.rules.named()}
 
 
 def tier_line(redis: Redis, cfg: FleetConfig, tier: str, blocking: Redis | None = None) -> Line:

@@ -23,9 +23,9 @@ while their gateways live, and they renew at their next beat. A gateway whose le
 `unavailable` (queued ones leave the line; running ones are aborted in their engine through the
 cancel channel), a bounded number per sweep, and its entry goes once none is left.
 
-Writers: the line's scripts (ENQUEUE, the retire of every end) and SWEEP, which
-`fleet.store.line.Line.reap` runs for a gateway (`fleet.store.line_scripts` assembles both
-from the pieces here). Reader: `read_callers` (tests, operators).
+Writers: the line's scripts (ENQUEUE with `MARK`, the retire of every end in
+`fleet.store.line_lua`) and SWEEP, which `fleet.store.line.Line.reap` runs for a gateway.
+Reader: `read_callers` (tests, operators).
 """
 
 from __future__ import annotations
@@ -34,67 +34,60 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.store.keys import TierKeys
+from fleet.store.line_lua import LINE_CONSTS, RETIRE
+from fleet.store.lua import Script
 
 LEASE_MS = 10_000  # a gateway renews at each enqueue and each beat; this long without, it is suspected
 GRACE_MS = 3_000  # suspected this long (Redis time, Redis answering) without a renewal: it is gone
 SWEEP_BATCH = 200  # calls of a gone gateway ended per sweep
 
-# After CLOCK, at the head of ENQUEUE. ARGV[10]: the gateway answering for the call ('' for none:
-# tests and benches enqueue directly), ARGV[11]: its lease (ms). KEYS[6] is the request's hash.
+# A Lua function for ENQUEUE: the call `rid` (hash `req`) is recorded under `gateway`, which
+# answers for it until its deadline (ms, Redis clock), the set kept `keep_ms`; the gateway's
+# lease in `callers` is renewed for `lease_ms`.
 MARK = """
-if ARGV[10] and ARGV[10] ~= '' then
-  local prefix = string.sub(KEYS[6], 1, #KEYS[6] - #ARGV[1] - 4)
-  local calls = prefix .. 'calls:' .. ARGV[10]
-  local keep = tonumber(ARGV[4]) + tonumber(ARGV[7]) * 1000
-  redis.call('HSET', KEYS[6], 'gw', ARGV[10])
-  redis.call('ZADD', calls, n2s(now + tonumber(ARGV[4])), ARGV[1])
-  if redis.call('PTTL', calls) < keep then redis.call('PEXPIRE', calls, keep) end
-  redis.call('HSET', prefix .. 'callers', ARGV[10], n2s(now + tonumber(ARGV[11])) .. '|')
+local function mark_caller(callers, req, rid, gateway, deadline, keep_ms, lease_ms)
+  local calls = calls_key(gateway)
+  redis.call('HSET', req, 'gw', gateway)
+  redis.call('ZADD', calls, n2s(deadline), rid)
+  if redis.call('PTTL', calls) < keep_ms then redis.call('PEXPIRE', calls, keep_ms) end
+  redis.call('HSET', callers, gateway, n2s(now + lease_ms) .. '|')
 end
 """
 
-# A Lua function for the line's `retire`: the ended request `rid` of hash `req` leaves its
-# gateway's set (`gw`: the hash's field, or false).
-UNMARK = """
-local function unmark(req, rid, gw)
-  if gw then redis.call('ZREM', string.sub(req, 1, #req - #rid - 4) .. 'calls:' .. gw, rid) end
-end
-"""
-
-# The body of the line's SWEEP (after its clock and `retire`).
-# KEYS: callers line inflight counters ; ARGV: prefix me lease_ms grace_ms batch ttl_s channel
-# Renews the lease of `me` (this gateway), then judges every other entry (see the module doc).
-# Returns the number of calls it ended.
-SWEEP_BODY = """
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[2], n2s(now + tonumber(ARGV[3])) .. '|') end
+# Renew this gateway's (`me`) caller lease, then judge every other entry (see the module doc).
+# Run by `fleet.store.line.Line.reap` for a gateway. Returns the number of calls it ended.
+SWEEP = Script("SWEEP", keys=("callers", "line", "inflight", "counters"),
+               args=("prefix", "me", "lease_ms", "grace_ms", "batch", "ttl_s", "channel"),
+               consts=LINE_CONSTS, uses=(RETIRE,), body="""
+if me ~= '' then redis.call('HSET', callers, me, n2s(now + tonumber(lease_ms)) .. '|') end
 local ended = 0
-local all = redis.call('HGETALL', KEYS[1])
+local all = redis.call('HGETALL', callers)
 for i = 1, #all, 2 do
   local gw, lease, since = all[i], string.match(all[i + 1], '^(%d*)|(%d*)$')
-  if gw ~= ARGV[2] and lease and tonumber(lease) < now then
+  if gw ~= me and lease and tonumber(lease) < now then
     if since == '' then
-      redis.call('HSET', KEYS[1], gw, lease .. '|' .. n2s(now))
-    elseif now - tonumber(since) >= tonumber(ARGV[4]) then
-      local calls = ARGV[1] .. 'calls:' .. gw
-      for _, rid in ipairs(redis.call('ZRANGE', calls, 0, tonumber(ARGV[5]) - 1)) do
-        local req = ARGV[1] .. 'req:' .. rid
+      redis.call('HSET', callers, gw, lease .. '|' .. n2s(now))
+    elseif now - tonumber(since) >= tonumber(grace_ms) then
+      local calls = calls_key(gw)
+      for _, rid in ipairs(redis.call('ZRANGE', calls, 0, tonumber(batch) - 1)) do
+        local req = request_key(rid)
         local state = redis.call('HGET', req, 'state')
         redis.call('ZREM', calls, rid)
         if state == 'queued' or state == 'running' then
-          redis.call('ZREM', KEYS[2], rid)
-          redis.call('ZREM', KEYS[3], rid)
-          retire(req, rid, 'unavailable', tonumber(ARGV[6]))
-          redis.call('HINCRBY', KEYS[4], 'unavailable', 1)
-          if state == 'running' then redis.call('PUBLISH', ARGV[7], rid) end
+          redis.call('ZREM', line, rid)
+          redis.call('ZREM', inflight, rid)
+          retire(req, rid, OUTCOME_UNAVAILABLE, tonumber(ttl_s))
+          redis.call('HINCRBY', counters, OUTCOME_UNAVAILABLE, 1)
+          if state == 'running' then redis.call('PUBLISH', channel, rid) end
           ended = ended + 1
         end
       end
-      if redis.call('ZCARD', calls) == 0 then redis.call('HDEL', KEYS[1], gw) end
+      if redis.call('ZCARD', calls) == 0 then redis.call('HDEL', callers, gw) end
     end
   end
 end
 return ended
-"""
+""")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,16 +24,16 @@ from redis.asyncio import Redis
 from fleet.policy.fairness import FlowTag
 from fleet.store.keys import TierKeys
 
-# After CLOCK (needs `now`, `n2s`). `flow_start(line, clock, flow, rank, half_ms)` returns the
-# start tag of the flow's next call in class `rank`, the class clock it was judged on and the
-# clock as stored (ENQUEUE raises it); the
-# rule is `fleet.policy.fairness.flow_start` (kept alike: tests/store/test_fair_line.py compares them).
+# A Lua function (needs the clock and `CLASS_SPAN`, `fleet.store.line_lua.LINE_CONSTS`).
+# `flow_start(line, clock, flow, rank, half_ms)` returns the start tag of the flow's next call
+# in class `rank`, the class clock it was judged on and the clock as stored (ENQUEUE raises
+# it); the rule is `fleet.policy.fairness.flow_start` (kept alike: tests/store/test_fair_line.py compares them).
 FLOW_START = """
 local function flow_start(line, clock, fkey, rank, half_ms)
-  local lo = rank * 1e15
+  local lo = rank * CLASS_SPAN
   local stored = tonumber(redis.call('HGET', clock, rank) or '0')
   local v = stored
-  local head = redis.call('ZRANGEBYSCORE', line, n2s(lo), '(' .. n2s(lo + 1e15), 'WITHSCORES', 'LIMIT', 0, 1)
+  local head = redis.call('ZRANGEBYSCORE', line, n2s(lo), '(' .. n2s(lo + CLASS_SPAN), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head > 0 then v = math.max(v, tonumber(head[2]) - lo + 1) end  -- just after the head, never level
   local rec = redis.call('GET', fkey)
   if not rec then return math.floor(v), v, stored end

@@ -19,6 +19,12 @@ class TierKeys:
         return f"{self.namespace}:{{{self.tier}}}:{name}"
 
     @property
+    def prefix(self) -> str:
+        """What every key of the tier starts with: the line's scripts build a call's keys from it
+        with helpers generated from the methods below (`fleet.store.lua.KEY_HELPERS`)."""
+        return self._k("")
+
+    @property
     def line(self) -> str:
         """ZSET request id -> class rank * CLASS_SPAN + arrival sequence."""
         return self._k("line")

@@ -40,7 +40,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from fleet.config import Priority
-from fleet.store.callers import GRACE_MS, LEASE_MS, SWEEP_BATCH
+from fleet.store.callers import GRACE_MS, LEASE_MS, SWEEP, SWEEP_BATCH
 from fleet.store.connection import MAX_BLOCK_S
 from fleet.store.events import Done, Failed, encode
 from fleet.store.flows import Place
@@ -59,8 +59,8 @@ from fleet.store.line_scripts import (
     PREEMPT,
     REAP,
     RENEW,
-    SWEEP,
 )
+from fleet.store.lua import named
 from fleet.store.replication import Ack, Replicas, acked
 
 __all__ = ["CLASS_SPAN", "OUTCOMES", "Claimed", "Claims", "Line", "LineSnapshot", "Reaped", "Waiter"]
@@ -141,20 +141,20 @@ class Line(LineResults):
         self.blocking = blocking or redis
         self.tier = tier
         self.keys = TierKeys(namespace, tier)
-        self.prefix = self.keys.request("")[: -len("req:")]
+        self.prefix = self.keys.prefix
         self.result_ttl_s = result_ttl_s
         self.window_ms = int(rate_window_s * 1000)
-        self._enqueue = redis.register_script(ENQUEUE)
-        self._claim = redis.register_script(CLAIM)
-        self._renew = redis.register_script(RENEW)
-        self._finish = redis.register_script(FINISH)
-        self._reap = redis.register_script(REAP)
-        self._observe = redis.register_script(OBSERVE)
-        self._emit = redis.register_script(EMIT)
-        self._peek = redis.register_script(PEEK)
-        self._preempt = redis.register_script(PREEMPT)
-        self._missing = redis.register_script(MISSING)
-        self._sweep = redis.register_script(SWEEP)
+        self._enqueue = named(redis.register_script(ENQUEUE))
+        self._claim = named(redis.register_script(CLAIM))
+        self._renew = named(redis.register_script(RENEW))
+        self._finish = named(redis.register_script(FINISH))
+        self._reap = named(redis.register_script(REAP))
+        self._observe = named(redis.register_script(OBSERVE))
+        self._emit = named(redis.register_script(EMIT))
+        self._peek = named(redis.register_script(PEEK))
+        self._preempt = named(redis.register_script(PREEMPT))
+        self._missing = named(redis.register_script(MISSING))
+        self._sweep = named(redis.register_script(SWEEP))
         self.caller = ""  # in a gateway, its process (`gateway.redis_loss.caller_id`): calls are recorded under it
         self.replicas = Replicas(redis, self.keys.line)  # of the node holding this tier's keys
 
@@ -173,13 +173,16 @@ class Line(LineResults):
         `wake`: a result reader's wake stream (`reader_wake_key`) rung in the same step.
         """
         k, fair = self.keys, place or Place("", 0, 1.0)
-        keys = [k.line, k.seq, k.bell, k.counters, k.arrivals, k.request(rid), *fair.keys(k, int(priority)),
-                *(admitting[:1] if admitting else ()), *((wake,) if wake else ())]
-        args: list[Any] = [rid, int(priority), payload, deadline_ms, priority.name, chain, self.result_ttl_s,
-                           self.window_ms, admitting[1] if admitting else "", self.caller, LEASE_MS,
-                           place.cost if place else "", fair.half_ms, affinity, "1" if wake else ""]
+        flow_clock, flow = fair.keys(k, int(priority))
+        keys, args = self._enqueue.layout(
+            line=k.line, seq=k.seq, bell=k.bell, counters=k.counters, arrivals=k.arrivals, req=k.request(rid),
+            flow_clock=flow_clock, flow=flow, admitting=admitting[0] if admitting else k.admitting,
+            callers=k.callers, reader_wake=wake, prefix=self.prefix, rid=rid, rank=int(priority), payload=payload,
+            deadline_ms=deadline_ms, priority=priority.name, chain=chain, ttl_s=self.result_ttl_s,
+            window_ms=self.window_ms, admitting_member=admitting[1] if admitting else "", gateway=self.caller,
+            lease_ms=LEASE_MS, cost=place.cost if place else "", half_ms=fair.half_ms, affinity=affinity)
         if ack is None or ack.replicas <= 0 or not await self.replicas.known():
-            deadline, _ = await self._enqueue(keys=keys, args=args)
+            deadline, _ = await self._enqueue.registered(keys=keys, args=args)
             return int(deadline)
         (deadline, _), _ = await acked(self.redis, self.replicas, ack, self._enqueue, keys, args)
         return int(deadline)
@@ -196,16 +199,14 @@ class Line(LineResults):
         """
         if n <= 0:
             return Claims()
-        return _claims(*await self._claim(keys=self._claim_keys(), args=self._claim_args(replica, n, lease_s, caps)))
+        return _claims(*await self._claim(**self._claim_named(replica, n, lease_s, caps)))
 
-    def _claim_keys(self) -> list[str]:
-        return [self.keys.line, self.keys.inflight, self.keys.counters]
-
-    def _claim_args(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None) -> list[Any]:
-        args: list[Any] = [n, replica, int(lease_s * 1000), self.prefix, self.result_ttl_s]
-        if caps is not None:
-            args.append(",".join(str(c) for c in caps))
-        return args
+    def _claim_named(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None) -> dict[str, Any]:
+        """The claim script's keys and arguments by name (an affine line adds its own)."""
+        k = self.keys
+        return {"line": k.line, "inflight": k.inflight, "counters": k.counters, "n": n, "replica": replica,
+                "lease_ms": int(lease_s * 1000), "prefix": self.prefix, "ttl_s": self.result_ttl_s,
+                "caps": ",".join(str(c) for c in caps) if caps is not None else ""}
 
     async def wait_and_claim(self, replica: str, n: int, lease_s: float, caps: tuple[int, ...] | None = None, *,
                              timeout_s: float, wake: str | None = None) -> Claims:
@@ -226,7 +227,8 @@ class Line(LineResults):
             return await self.claim(replica, n, lease_s, caps)
         async with self.blocking.pipeline(transaction=False) as p:
             p.blpop(keys, timeout=block)
-            p.evalsha(self._claim.sha, len(ck := self._claim_keys()), *ck, *self._claim_args(replica, n, lease_s, caps))
+            ck, ca = self._claim.layout(**self._claim_named(replica, n, lease_s, caps))
+            p.evalsha(self._claim.sha, len(ck), *ck, *ca)
             _, got = await p.execute(raise_on_error=False)
         if isinstance(got, NoScriptError):  # Redis restarted (no scripts): the wait is over, claim as usual
             return await self.claim(replica, n, lease_s, caps)
@@ -246,7 +248,8 @@ class Line(LineResults):
         preempted for in the last `stale_s` (see PEEK), or None."""
         if below_rank <= 0:
             return None
-        row = await self._peek(keys=[self.keys.line], args=[self.prefix, scan, below_rank, int(stale_s * 1000)])
+        row = await self._peek(line=self.keys.line, prefix=self.prefix, scan=scan, below_rank=below_rank,
+                               stale_ms=int(stale_s * 1000))
         return Waiter(_s(row[0]), int(row[1]), int(row[2]) / 1000) if row else None
 
     async def preempt(self, waiter: str, victim: str, victim_owner: str, *, max_preemptions: int,
@@ -259,19 +262,17 @@ class Line(LineResults):
         ended or streamed, or it was preempted `max_preemptions` times already).
         """
         k = self.keys
-        ok = await self._preempt(keys=[k.line, k.inflight, k.counters, k.bell],
-                                 args=[self.prefix, waiter, victim, victim_owner, max_preemptions,
-                                       int(stale_s * 1000)])
+        ok = await self._preempt(line=k.line, inflight=k.inflight, counters=k.counters, bell=k.bell,
+                                 prefix=self.prefix, waiter=waiter, victim=victim, victim_owner=victim_owner,
+                                 max_preemptions=max_preemptions, stale_ms=int(stale_s * 1000))
         return bool(int(ok))
 
     async def renew(self, held: list[tuple[str, str]], lease_s: float) -> list[str]:
         """Extend the leases of running requests, (rid, owner) each; returns the rids no longer held."""
         if not held:
             return []
-        args: list[Any] = [int(lease_s * 1000), self.prefix]
-        for rid, owner in held:
-            args += [rid, owner]
-        lost = await self._renew(keys=[self.keys.inflight, *(self.keys.request(rid) for rid, _ in held)], args=args)
+        rows = [{"req": self.keys.request(rid), "rid": rid, "owner": owner} for rid, owner in held]
+        lost = await self._renew(inflight=self.keys.inflight, lease_ms=int(lease_s * 1000), held=rows)
         return [_s(r) for r in lost]
 
     async def finish(self, rid: str, outcome: str, event: Done | Failed | None = None, *, owner: str = "",
@@ -295,10 +296,11 @@ class Line(LineResults):
         k = self.keys
         field, value = encode(event) if event is not None else (b"", b"")
         ok = await self._finish(
-            keys=[k.line, k.inflight, k.counters, k.completions, k.request(rid), k.result(rid)],
-            args=[rid, outcome, owner, value, self.result_ttl_s, self.window_ms,
-                  prompt_tokens, completion_tokens, k.cancel_channel, field, last_chunk, last_model],
-        )
+            line=k.line, inflight=k.inflight, counters=k.counters, completions=k.completions, req=k.request(rid),
+            res=k.result(rid), prefix=self.prefix, rid=rid, outcome=outcome, owner=owner, event=value,
+            ttl_s=self.result_ttl_s, window_ms=self.window_ms, prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens, channel=k.cancel_channel, event_field=field, last_chunk=last_chunk,
+            last_model=last_model)
         return _s(ok) or None
 
     async def outcome(self, rid: str) -> str | None:
@@ -308,7 +310,7 @@ class Line(LineResults):
 
     async def missing(self, rids: list[str]) -> list[str]:
         """Those of `rids` whose request hash is gone (a failover or a flush took it), in one call."""
-        gone = await self._missing(keys=[self.keys.request(r) for r in rids]) if rids else []
+        gone = await self._missing(reqs=[{"req": self.keys.request(r)} for r in rids]) if rids else []
         return [rids[int(i)] for i in gone]
 
     async def relabel(self, rid: str, was: str, outcome: str) -> None:
@@ -324,11 +326,13 @@ class Line(LineResults):
         """Requeue requests whose lease expired (see REAP in `fleet.store.line_scripts`); in a
         gateway, also renew its caller lease and end the calls of gateways gone (SWEEP)."""
         k = self.keys
-        requeued, lost, expired = await self._reap(keys=[k.inflight, k.line, k.counters, k.bell, k.dead],
-                                                   args=[self.prefix, max_attempts, self.result_ttl_s])
+        requeued, lost, expired = await self._reap(inflight=k.inflight, line=k.line, counters=k.counters, bell=k.bell,
+                                                   dead=k.dead, prefix=self.prefix, max_attempts=max_attempts,
+                                                   ttl_s=self.result_ttl_s)
         if self.caller:
-            await self._sweep(keys=[k.callers, k.line, k.inflight, k.counters], args=[
-                self.prefix, self.caller, LEASE_MS, GRACE_MS, SWEEP_BATCH, self.result_ttl_s, k.cancel_channel])
+            await self._sweep(callers=k.callers, line=k.line, inflight=k.inflight, counters=k.counters,
+                              prefix=self.prefix, me=self.caller, lease_ms=LEASE_MS, grace_ms=GRACE_MS,
+                              batch=SWEEP_BATCH, ttl_s=self.result_ttl_s, channel=k.cancel_channel)
         return Reaped(int(requeued), int(lost), int(expired))
 
     async def observe(self) -> LineSnapshot:
@@ -336,7 +340,8 @@ class Line(LineResults):
         rate window, and the outcome counters; one round trip."""
         k = self.keys
         now, by_class, oldest, inflight, arrivals, completions, counters = await self._observe(
-            keys=[k.line, k.inflight, k.counters, k.arrivals, k.completions], args=[self.window_ms, self.prefix])
+            line=k.line, inflight=k.inflight, counters=k.counters, arrivals=k.arrivals, completions=k.completions,
+            window_ms=self.window_ms, prefix=self.prefix)
         flat = [_s(x) for x in counters]
         return LineSnapshot(
             now_ms=int(now), by_class=tuple(int(c) for c in by_class),  # type: ignore[arg-type]
@@ -356,12 +361,11 @@ class Line(LineResults):
         """
         if not chunks:
             return []
-        args: list[Any] = [self.prefix, self.result_ttl_s]
-        keys = [self.keys.inflight]
-        for rid, owner, body, first, model in chunks:
-            args += [rid, owner, "1" if first else "0", body, model]
-            keys += [self.keys.request(rid), self.keys.result(rid)]
-        return [int(i) for i in await self._emit(keys=keys, args=args)]
+        k = self.keys
+        rows = [{"req": k.request(rid), "res": k.result(rid), "rid": rid, "owner": owner,
+                 "first": "1" if first else "0", "body": body, "model": model}
+                for rid, owner, body, first, model in chunks]
+        return [int(i) for i in await self._emit(inflight=k.inflight, ttl_s=self.result_ttl_s, chunks=rows)]
 
 
 def _claims(more: Any, rows: list[Any], retry_ms: Any = 0) -> Claims:

@@ -27,51 +27,60 @@ from fleet.store.keys import TierKeys
 # the Redis clock in ms, never negative).
 JOINED, RETRY_BUDGET_SPENT, OTHER_BODY = -1, -2, -3
 
-# After CLOCK (needs `now`). KEYS[6] retry key, KEYS[7] retry window; ARGV[5..10] below.
+# Rendered into the script that runs the gate (`fleet.store.lua.Script(consts=...)`).
+GATE_CONSTS: dict[str, int | str] = {"JOINED": JOINED, "RETRY_BUDGET_SPENT": RETRY_BUDGET_SPENT,
+                                     "OTHER_BODY": OTHER_BODY}
+
+# A Lua function (needs the clock and `GATE_CONSTS`): `retry_gate(retry_key, window_key, digest,
+# attempt, taken_ms, ratio, budget_s, min_per_s)` returns the gate's answer ({JOINED, rid},
+# {RETRY_BUDGET_SPENT} or {OTHER_BODY}), or nil when the attempt goes on to admission.
+# `digest` '' for an attempt that joins nothing; `attempt` 'retry' or 'first'.
 RETRY_GATE = """
-local retry_key, window_key = KEYS[6], KEYS[7]
-local digest, attempt, taken_ms = ARGV[5], ARGV[6], tonumber(ARGV[7])
-local ratio, budget_s, min_per_s = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-if digest ~= '' then
-  local rec = redis.call('GET', retry_key)
-  if rec then
-    local state, rid, d = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
-    if state == 'parked' then
-      if d ~= digest then return {-3} end
-      redis.call('SET', retry_key, 'taken|' .. rid .. '|' .. d, 'PX', taken_ms)
-      return {-1, rid}
+local function retry_gate(retry_key, window_key, digest, attempt, taken_ms, ratio, budget_s, min_per_s)
+  if digest ~= '' then
+    local rec = redis.call('GET', retry_key)
+    if rec then
+      local state, rid, d = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
+      if state == 'parked' then
+        if d ~= digest then return {OTHER_BODY} end
+        redis.call('SET', retry_key, 'taken|' .. rid .. '|' .. d, 'PX', taken_ms)
+        return {JOINED, rid}
+      end
+      if state == 'refused' then
+        -- The fleet refused its last attempt and told it when to come back: a retry it asked
+        -- for runs nothing twice, so it is no retry for the budget.
+        redis.call('DEL', retry_key)
+        attempt = 'invited'
+      end
     end
-    if state == 'refused' then
-      -- The fleet refused its last attempt and told it when to come back: a retry it asked
-      -- for runs nothing twice, so it is no retry for the budget.
-      redis.call('DEL', retry_key)
-      attempt = 'invited'
+  end
+  local sec = math.floor(now / 1000)
+  if attempt == 'retry' then
+    local fields = {}
+    for i = 0, budget_s - 1 do
+      fields[#fields + 1] = 'f' .. (sec - i)
+      fields[#fields + 1] = 'r' .. (sec - i)
     end
+    local got = redis.call('HMGET', window_key, unpack(fields))
+    local firsts, retries = 0, 0
+    for i = 1, #got, 2 do
+      firsts = firsts + tonumber(got[i] or 0)
+      retries = retries + tonumber(got[i + 1] or 0)
+    end
+    if retries + 1 > math.max(ratio * firsts, min_per_s * budget_s) then return {RETRY_BUDGET_SPENT} end
   end
-end
-local sec = math.floor(now / 1000)
-if attempt == 'retry' then
-  local fields = {}
-  for i = 0, budget_s - 1 do
-    fields[#fields + 1] = 'f' .. (sec - i)
-    fields[#fields + 1] = 'r' .. (sec - i)
+  if attempt ~= 'invited' then
+    redis.call('HINCRBY', window_key, (attempt == 'retry' and 'r' or 'f') .. sec, 1)
   end
-  local got = redis.call('HMGET', window_key, unpack(fields))
-  local firsts, retries = 0, 0
-  for i = 1, #got, 2 do
-    firsts = firsts + tonumber(got[i] or 0)
-    retries = retries + tonumber(got[i + 1] or 0)
+  local old = {}
+  for i = budget_s, 2 * budget_s do
+    old[#old + 1] = 'f' .. (sec - i)
+    old[#old + 1] = 'r' .. (sec - i)
   end
-  if retries + 1 > math.max(ratio * firsts, min_per_s * budget_s) then return {-2} end
+  redis.call('HDEL', window_key, unpack(old))
+  redis.call('EXPIRE', window_key, budget_s + 1)
+  return nil
 end
-if attempt ~= 'invited' then redis.call('HINCRBY', window_key, (attempt == 'retry' and 'r' or 'f') .. sec, 1) end
-local old = {}
-for i = budget_s, 2 * budget_s do
-  old[#old + 1] = 'f' .. (sec - i)
-  old[#old + 1] = 'r' .. (sec - i)
-end
-redis.call('HDEL', window_key, unpack(old))
-redis.call('EXPIRE', window_key, budget_s + 1)
 """
 
 
