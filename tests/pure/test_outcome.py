@@ -94,7 +94,8 @@ def test_what_the_line_records_for_an_end_the_gateway_decides() -> None:
 # --- the line's scripts: their words are the type's -------------------------------------------
 
 # The store modules whose text holds the line's Lua (another change owns them; read, never imported).
-LUA_MODULES = ("line_scripts", "affinity", "callers", "admitting", "retries", "lua", "keys", "line", "flows")
+LUA_MODULES = ("line_scripts", "line_lua", "affinity", "callers", "admitting", "retries", "lua", "keys", "line",
+               "flows")
 # Counters the scripts keep that are not outcomes.
 NOT_OUTCOMES = {"accepted", "requeued", "preempted", "prompt_tokens", "completion_tokens"}
 
@@ -105,13 +106,17 @@ def _lua_text() -> str:
 
 
 def test_the_line_scripts_write_only_outcomes_of_the_type() -> None:
+    """Their words, spelt in the Lua ('expired') or named as the scripts' constants (OUTCOME_EXPIRED,
+    made from `OUTCOMES`): each a word of the line's outcomes."""
     text = _lua_text()
     retired = set(re.findall(r"retire\([^,()]+,[^,()]+,\s*'([a-z_]+)'", text))  # a request's end, as stored
-    counted = {w for w in re.findall(r"HINCRBY',\s*KEYS\[\d+\],\s*'([a-z_]+)'", text) if w not in NOT_OUTCOMES}
+    counted = {w for w in re.findall(r"HINCRBY',\s*[^,()]+,\s*'([a-z_]+)'", text) if w not in NOT_OUTCOMES}
     finishes = set(re.findall(r"ARGV\[\d+\]\s*==\s*'([a-z_]+)'", text))  # FINISH's outcome argument
-    assert retired >= {"expired", "failed", "unavailable"}, retired  # the scan still finds the scripts' ends
+    named = {w.lower() for w in re.findall(r"\bOUTCOME_([A-Z]+)\b", text)}
     line = {o.value for o in LINE_OUTCOMES}
-    assert retired <= line and counted <= line and finishes <= line, (retired, counted, finishes)
+    assert retired | named >= {"expired", "failed", "unavailable"}, (retired, named)  # the scan finds the ends
+    assert retired <= line and counted <= line and finishes <= line and named <= line, (
+        retired, counted, finishes, named)
     declared = re.search(r"^OUTCOMES\s*=\s*\(([^)]*)\)", text, re.M)
     if declared is not None:  # the scripts' own tuple, while it lasts, is the line's words in order
         assert tuple(re.findall(r"\"([a-z_]+)\"", declared.group(1))) == tuple(LINE_OUTCOMES)
