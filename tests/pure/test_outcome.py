@@ -163,7 +163,7 @@ def outcome_literals(tree: ast.AST) -> list[tuple[int, str]]:
             continue
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "Failed":
             continue
-        found.append((node.lineno, node.value))
+        found.append((node.lineno, str(node.value)))
     return found
 
 

@@ -223,8 +223,8 @@ def counted_once(outcome: Outcome, tier: str = TIER) -> Iterator[None]:
     assert labels[0] == tier and labels[2] == outcome.value, moved
 
 
-def chat(*, stream: bool = False, **headers: str) -> Client:
-    return Client(orjson.dumps({**CHAT, "stream": stream}), headers)
+def chat(*, stream: bool = False, headers: dict[str, str] | None = None) -> Client:
+    return Client(orjson.dumps({**CHAT, "stream": stream}), headers or {})
 
 
 def last_event(client: Client) -> bytes:
@@ -332,7 +332,7 @@ async def test_worker_failure(fleet: Fleet, stream: bool) -> None:
 
 
 async def test_expired_in_the_line(fleet: Fleet) -> None:
-    client = chat(**{"x-deadline-ms": "400"})
+    client = chat(headers={"x-deadline-ms": "400"})
     with counted_once(Outcome.EXPIRED):
         await fleet.call(client)
     assert client.status == 504 and orjson.loads(client.text)["error"]["type"] == "deadline_exceeded"
@@ -341,7 +341,7 @@ async def test_expired_in_the_line(fleet: Fleet) -> None:
 
 
 async def test_shed_at_admission(fleet: Fleet) -> None:
-    client = chat(authorization=f"Bearer {BROKE}")
+    client = chat(headers={"authorization": f"Bearer {BROKE}"})
     with counted_once(Outcome.SHED):
         await fleet.call(client)
     assert client.status == 429 and orjson.loads(client.text)["error"]["code"] == "key_budget_exhausted"
@@ -350,7 +350,7 @@ async def test_shed_at_admission(fleet: Fleet) -> None:
 
 
 async def test_refused_before_the_line(fleet: Fleet) -> None:
-    client = chat(**{"x-priority": "urgent"})  # no such class: its tier is known, its class is not
+    client = chat(headers={"x-priority": "urgent"})  # no such class: its tier is known, its class is not
     with counted_once(Outcome.REFUSED):
         await fleet.call(client)
     assert client.status == 400 and orjson.loads(client.text)["error"]["param"] == "X-Priority"
@@ -363,7 +363,7 @@ async def test_redis_lost(tmp_path: Path) -> None:
     server = PrivateRedis().start()
     try:
         async with fleet_on(server.url, tmp_path) as fleet:
-            client = chat(**{"x-deadline-ms": "1000"})
+            client = chat(headers={"x-deadline-ms": "1000"})
             with counted_once(Outcome.UNAVAILABLE):
                 task = asyncio.ensure_future(fleet.call(client))
                 await until(fleet.in_line, "the call in the line")
