@@ -12,11 +12,13 @@ by class), `fleet.store.flows` (the class span).
 
 from __future__ import annotations
 
+from fleet.outcome import LINE_OUTCOMES
 from fleet.store.events import CHUNK, EXPIRED_IN_LINE, FAILED, MODEL, REQUEST_LOST, SET_ASIDE, WORKER_LOST, encode
 
 CLASS_SPAN = 10**15  # arrival sequences stay below this; ranks * span stay exact in a double
-# `unavailable`: the gateway told the caller 503 (Redis was away) and ended it once Redis answered again.
-OUTCOMES = ("completed", "expired", "cancelled", "failed", "unavailable")
+# The line's words, from the one outcome type (`unavailable`: the gateway told the caller 503
+# because Redis was away, and ended the call once Redis answered again).
+OUTCOMES: tuple[str, ...] = tuple(str(o) for o in LINE_OUTCOMES)
 
 # Rendered into a line script where its text names them (`Script(consts=...)`).
 LINE_CONSTS: dict[str, int | str] = {
