@@ -11,7 +11,7 @@ response's own output (as Responses input items, `instructions` excepted: OpenAI
 them over). So any gateway process continues any conversation with one GET, on a Redis Cluster
 too (one key, one slot, no hash tag needed), and a response outlives the gateway that answered.
 The price is that each turn stores its conversation again (bounded: `responses.max_*_bytes`);
-see docs/decisions/0048-responses-api.md.
+see docs/decisions/0079-responses-conversations-in-redis.md.
 
 `owner` is the sha256 of the API key that made it ("open" on a gateway without keys): only that
 key may read, continue or delete it, and any other is told it does not exist. A response whose
