@@ -26,6 +26,7 @@ from pydantic_settings import (
 
 from fleet.classes import CLASSES, Affinity, FairLine, Preemption, Priority, Replication, per_class_positive
 from fleet.clock_config import ClientClock
+from fleet.degrade_config import Degrade, KeyDegrade, degrade_checked
 from fleet.engine_config import (  # noqa: F401  re-exported: callers import them from fleet.config
     CapacityProfile,
     DecodeStep,
@@ -53,8 +54,6 @@ def valid_timezone(v: str) -> str:
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"unknown time zone {v!r} (an IANA name such as America/New_York)") from None
     return v
-
-
 
 
 class PrewarmWindow(_Strict):
@@ -184,6 +183,7 @@ class TierConfig(_Strict):
     # `fifo` keeps arrival order.
     fairness: Literal["fair", "fifo"] = "fair"
     affinity: Affinity = Field(default_factory=Affinity)  # claims prefer what a replica has cached
+    degrade: Degrade | None = None  # where calls it cannot serve go instead (docs/degrade.md)
 
     @field_validator("wait_limit_s")
     @classmethod
@@ -250,6 +250,7 @@ class ApiKey(_Strict):
     tpm: int | None = Field(None, gt=0)
     budget_usd: float | None = Field(None, ge=0)
     weight: float = Field(1.0, gt=0, le=1000)  # its flows' share of a busy class in a fair line
+    degrade: KeyDegrade = "tier"  # its calls' default without X-Fleet-Degrade; `forbid`: never (docs/degrade.md)
     admin: bool = False
     read_status: bool = False  # may read /v1/fleet/status and /metrics (admin keys may too)
 
@@ -355,6 +356,10 @@ class FleetConfig(BaseSettings):
                 raise ValueError(f"keys.{i}.name: {k.name!r} is used by another key")
             names.add(k.name)
         return self
+
+    @model_validator(mode="after")
+    def _degrade_rules(self) -> FleetConfig:
+        return degrade_checked(self, self.tiers)  # each message names its field
 
     def resolve_model(self, model: str) -> str | None:
         """The tier a request's `model` names, by tier name or alias."""

@@ -19,6 +19,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from fleet.degrade_config import DegradeWish
 from gateway.errors import APIError, quoted
 
 # A day: longer than any call should wait, short enough that what a request holds
@@ -132,6 +133,18 @@ def parse_idempotency_key(request: Request) -> str | None:
         raise APIError(400, f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters, got "
                        f"{quoted(raw)}", param="Idempotency-Key", code="invalid_idempotency_key")
     return raw
+
+
+def parse_degrade(request: Request) -> DegradeWish | None:
+    """`X-Fleet-Degrade`: `allow` or `never` (absent: None, the key's or the tier's rule), else a
+    typed 400 (docs/degrade.md)."""
+    raw = request.headers.get("x-fleet-degrade")
+    if raw is None:
+        return None
+    if raw == "allow" or raw == "never":
+        return raw
+    raise APIError(400, f"X-Fleet-Degrade must be allow or never, got {quoted(raw)}", param="X-Fleet-Degrade",
+                   code="invalid_degrade")
 
 
 def parse_chain_id(request: Request) -> str:
