@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import FleetConfig
+from fleet.outcome import Outcome
 from fleet.policy import replica_concurrency, tier_capacity
 from fleet.store.affinity import tier_line
 from fleet.store.events import Done, Failed
@@ -229,7 +230,7 @@ class Worker:
         except BadPayload as e:
             log.error("request %s: %s", c.rid, e)
             progress.ended = False
-            await self._finish(c, "failed", Failed(502, "engine_error", str(e), "bad_payload"))
+            await self._finish(c, Outcome.FAILED, Failed(502, "engine_error", str(e), "bad_payload"))
         else:
             key = call.key
             req = EngineRequest(request_id=f"{c.rid}-{c.attempt}", kind=call.kind, body=call.body,
@@ -254,7 +255,7 @@ class Worker:
         except TimeoutError:
             progress.ended = False
             await self.engine.abort(req.request_id)
-            await self._finish(c, "expired", Failed(504, "deadline_exceeded",
+            await self._finish(c, Outcome.EXPIRED, Failed(504, "deadline_exceeded",
                                                     "deadline passed while the request was running"))
         except LeaseLost:
             # Reaped while it ran (the replica stalled): another attempt owns it now.
@@ -271,13 +272,13 @@ class Worker:
             progress.ended = False
             log.exception("request %s failed in the engine", c.rid)
             await self.engine.abort(req.request_id)
-            await self._finish(c, "failed", Failed(502, "engine_error", f"{type(e).__name__}: {e}"))
+            await self._finish(c, Outcome.FAILED, Failed(502, "engine_error", f"{type(e).__name__}: {e}"))
 
     async def _complete(self, c: Claimed, req: EngineRequest, progress: Progress) -> None:
         # A streamed call's last text rides in its finish: one round trip ends it (StreamWriter.rest).
         last, model = await self.streams.rest(c.lease) if req.stream else (b"", "")
         done = progress.done(c, req, self.replica_id, self.model_name)
-        if await self._finish(c, "completed", done, prompt_tokens=done.prompt_tokens,
+        if await self._finish(c, Outcome.COMPLETED, done, prompt_tokens=done.prompt_tokens,
                               completion_tokens=done.completion_tokens, last_chunk=last, last_model=model):
             progress.useful = progress.ended = True
             self.completed += 1
@@ -296,7 +297,7 @@ class Worker:
             log.error("the engine died (%s): draining replica %s", e, self.replica_id)
             self.failed = str(e)
             self.drain()
-        await self._finish(c, "failed", Failed(status, e.type, str(e), e.code or e.type, e.param))
+        await self._finish(c, Outcome.FAILED, Failed(status, e.type, str(e), e.code or e.type, e.param))
 
     async def _release(self, c: Claimed, attempt: Attempt, progress: Progress, key: str) -> None:
         """Free the slot, and charge every token generated, useful or not (late, failed,
@@ -318,7 +319,7 @@ class Worker:
             None if ended is None else lambda pipe: queue_outcome(
                 pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0)))
 
-    async def _finish(self, c: Claimed, outcome: str, event: Done | Failed, **kw: Any) -> str | None:
+    async def _finish(self, c: Claimed, outcome: Outcome, event: Done | Failed, **kw: Any) -> str | None:
         """End an attempt, retried while Redis is away or frozen: the engine's work is kept, not
         thrown away, and the lease check (`owner`) keeps a late retry from ending a newer attempt.
         Given up once the caller's result could no longer be read (its TTL)."""
