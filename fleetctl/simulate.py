@@ -9,6 +9,7 @@ import click
 
 from simulator.arrivals import build_trace
 from simulator.bound import hours, served_bound
+from simulator.client_spec import has_clients
 from simulator.compare import bound, fairness_jobs, fairness_rows_from, in_order, others, policy_summary
 from simulator.fairness import FAIRNESS_EXPECT, fairness_checks, flow_summary, render_fairness
 from simulator.parallel import Job, SideJobs
@@ -76,7 +77,7 @@ def _replays(sc: Any, policy: str, seed: int, trace: Any, compare: bool,
     worker processes (`simulator.parallel`): the other policies summarised, the fairness runs,
     the clairvoyant bounds. Returns the main result, the others' results (only with --plot,
     which draws them: then they are replayed here) and the side results by name."""
-    names = others(policy) if compare else []
+    names = others(policy, has_clients(sc.spec)) if compare else []
     fair_runs, fair_jobs = fairness_jobs(sc, policy, seed) if _wants_fairness(sc, compare) else ([], [])
     bounds = {"floors": (3, True), **({"committed": (0, False)} if compare or policy == "fleet" else {}),
               **({"all": (3, False)} if compare else {})}
@@ -89,7 +90,8 @@ def _replays(sc: Any, policy: str, seed: int, trace: Any, compare: bool,
         with SideJobs(sc, trace, jobs) as side:
             progress.watch(side.done, len(jobs))
             main = simulate(sc, policy, seed, trace, progress=progress)
-            full = [simulate(sc, n, seed, trace, progress=progress) for n in in_order(policy)] if plot_path else []
+            full = ([simulate(sc, n, seed, trace, progress=progress) for n in in_order(policy, has_clients(sc.spec))]
+                    if plot_path else [])
             got = dict(zip(keys, side.collect(progress.side), strict=True))
     finally:
         progress.close()
@@ -128,7 +130,7 @@ def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_
     rows = None
     if compare:
         rest = ([(summarize(o, timeline=False), hours(served_bound(sc, trace, o))) for o in full] if plot_path
-                else [side[f"policy:{n}"] for n in in_order(policy)])
+                else [side[f"policy:{n}"] for n in in_order(policy, has_clients(sc.spec))])
         rows = compare_rows([summary, *(with_bounds(s, h, floors_hours) for s, h in rest)],
                             bound, bound_all, bound_floors)
     fair_rows = (fairness_rows_from(sc, main, {k.removeprefix("fair:"): v for k, v in side.items()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleet.config import Priority
+from simulator.client_spec import ClientSpec
 from simulator.scenario import Length, Scenario, _Process, rate_at
 from simulator.tracefile import TraceArrival
 
@@ -42,6 +43,7 @@ class ChainArrival:
     stages: list[list[Call]]  # stages[k] holds every call of level k, parents' children contiguous
     fanouts: list[int]
     conversation: bool = False  # every call re-sends one conversation: they share one prefix (the chain)
+    client: ClientSpec | None = None  # its agent's SDK (`simulator.clients`); None: it waits, never retries
 
 
 @dataclass(slots=True)
@@ -52,6 +54,8 @@ class Arrival:
     # The scenario states its deadline (its own, or its class's); else it is the fleet's default,
     # and its objective is its class's wait limit (`simulator.objectives`).
     stated: bool = True
+    client: ClientSpec | None = None  # its caller's SDK (`simulator.clients`); None: it waits, never retries
+    header_ms: float | None = None  # with a client: the X-Deadline-Ms it sends (its stream's own deadline_ms)
 
 
 @dataclass
@@ -164,13 +168,15 @@ def _traced(sc: Scenario, a: TraceArrival, tier: str, rng: random.Random) -> lis
     shares = [(int(Priority[name]), cum, sc.deadline_ms(name, a.deadline_ms) / 1000,
                _states_deadline(sc, name, a.deadline_ms)) for name, cum in a.fractions()]
     out = []
+    client = sc.spec.client
     for t, prompt, output in sc.trace_calls(a, rng):
         if len(shares) == 1:
             cls, _, dl, stated = shares[0]
         else:
             u = rng.random()
             cls, _, dl, stated = next((x for x in shares if u < x[1]), shares[-1])
-        out.append(Arrival(t, Call(tier, cls, prompt, output, "anonymous"), dl, stated))  # a trace names no caller
+        out.append(Arrival(t, Call(tier, cls, prompt, output, "anonymous"), dl, stated,  # a trace names no caller
+                           client, a.deadline_ms))
     return out
 
 
@@ -190,8 +196,10 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
         # Without a key, one anonymous caller (as one client without a key is live): its calls
         # keep arrival order among themselves; chains and named keys are flows of their own.
         flow = f"key:{a.key}" if a.key else "anonymous"
+        client = a.client or sc.spec.client
         for t in _times(sc, a, rng):
-            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s, stated))
+            arrivals.append(Arrival(t, Call(tier, cls, prompt(rng), output(rng), flow), deadline_s, stated,
+                                    client, a.deadline_ms))
     chains: list[ChainArrival] = []
     for i, c in enumerate(sc.spec.chains):
         rng = random.Random(f"{seed}/chains/{i}")
@@ -206,6 +214,7 @@ def _build_trace(sc: Scenario, seed: int) -> Trace:
             for st, (tier, prompt, output) in zip(c.stages, shapes, strict=True):
                 n *= st.fanout
                 stages.append([Call(tier, cls, prompt(rng), output(rng), flow) for _ in range(n)])
-            chains.append(ChainArrival(t, c.name, cls, c.deadline_ms / 1000, stages, fanouts, c.conversation))
+            chains.append(ChainArrival(t, c.name, cls, c.deadline_ms / 1000, stages, fanouts, c.conversation,
+                                       c.client or sc.spec.client))
     arrivals.sort(key=lambda a: a.t)
     return Trace(arrivals, chains)

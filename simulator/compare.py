@@ -15,7 +15,7 @@ from simulator.fairness import fairness_run, fairness_runs, is_main_run, reused_
 from simulator.parallel import Job
 from simulator.report import summarize
 from simulator.results import SimResult
-from simulator.run import POLICIES, simulate
+from simulator.run import POLICIES, VARIANTS, simulate
 from simulator.scenario import Scenario
 
 
@@ -35,15 +35,16 @@ def bound(sc: Scenario, trace: Trace, max_class: int, keep_floor: bool) -> dict[
 ORDER = ("static", "hpa", "keda", "ray", "fleet")
 
 
-def others(policy: str) -> list[str]:
-    """The policies `--compare` replays beside `policy`, slowest first."""
-    return sorted((n for n in POLICIES if n != policy), key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+def others(policy: str, variants: bool = False) -> list[str]:
+    """The policies `--compare` replays beside `policy`, slowest first; `variants`: our policy's
+    variants too (`simulator.run.VARIANTS`: for a scenario whose callers have an SDK client)."""
+    return sorted(in_order(policy, variants), key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
 
 
-def in_order(policy: str) -> list[str]:
+def in_order(policy: str, variants: bool = False) -> list[str]:
     """The policies `--compare` replays beside `policy`, in the order its rows are made (ties in
     the ranking keep it)."""
-    return [n for n in POLICIES if n != policy]
+    return [n for n in [*POLICIES, *(VARIANTS if variants else ())] if n != policy]
 
 
 def fairness_jobs(sc: Scenario, policy: str, seed: int) -> tuple[list[str], list[Job]]:

@@ -28,7 +28,8 @@ from heapq import heappop
 from fleet.config import CLASSES, Priority
 from fleet.policy import TierObservation, arrival_rate, drain_s, rate
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
-from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
+from simulator.clients import Clients, summary
+from simulator.events import ABORT, CLIENT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
 from simulator.gpus import SimGpus
 from simulator.line import FlowShares
 from simulator.policies import SimPolicy
@@ -43,7 +44,7 @@ _PRIORITIES = tuple(Priority)
 
 class Simulator:
     def __init__(self, scenario: Scenario, trace: Trace, policy: SimPolicy, fairness: str | None = None,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None, seed: int | None = None) -> None:
         self.sc = scenario
         self.progress = progress  # told the simulated time at every tick (`simulator.progress`)
         self.cfg = scenario.cfg
@@ -59,6 +60,10 @@ class Simulator:
                       for name, tc in self.cfg.tiers.items()}
         self.chain_times: list[float] = []  # arrival to last call's end, of each chain completed
         self.serving = Serving(self.events, self, SimGpus(self.cfg.gpus), shares)
+        # Callers with an SDK client (`simulator.clients`): timeouts, retries, and what the gateway does with them.
+        self.clients = Clients(self, self.serving, policy, scenario.spec.seed if seed is None else seed,
+                               self.cfg.default_deadline_ms, self.cfg.client_clock)
+        self.runs: list[ChainRun] = []  # every chain started, for the work spent on those that failed
         self.decisions: list[TimelineEntry] = []
         self.samples: dict[str, list[Sample]] = {n: [] for n in self.tiers}
         self.chains: dict[str, dict[str, int]] = {}
@@ -106,32 +111,51 @@ class Simulator:
 
     def start_chain(self, ca: ChainArrival) -> None:
         ch = ChainRun(ca)
+        self.runs.append(ch)
         for key, book in ((ca.name, self.chains), (CLASSES[ca.cls], self.chains_by_class)):
             c = book.setdefault(key, {"started": 0, "completed": 0, "timed_out": 0, "shed": 0})
             c["started"] += 1
         ch.pending = 1
-        self.arrive(ca.stages[0][0], ch.deadline - self.t, ch, 0, 0)
+        self.chain_call(ca.stages[0][0], ch, 0, 0)
+
+    def chain_call(self, call: Call, ch: ChainRun, stage: int, idx: int) -> None:
+        """A chain's call: through its agent's SDK (`simulator.clients`), or straight to admission."""
+        if ch.arrival.client is not None:
+            self.clients.start(call, ch.arrival.client, None, ch, stage, idx)
+        else:
+            self.arrive(call, ch.deadline - self.t, ch, stage, idx)
 
     def completed(self, req: Req) -> None:
-        """A call completed: its chain issues the next stage's calls, or completes."""
-        ch = req.chain
+        """A call completed: its caller's SDK hears of it, or (no client) its chain goes on."""
+        if req.sdk is not None or not req.heard:
+            self.clients.ended(req, completed=True)
+        else:
+            self.call_answered(req.chain, req.stage, req.idx)
+
+    def call_answered(self, ch: ChainRun | None, stage: int, idx: int) -> None:
+        """A chain's call was answered: its chain issues the next stage's calls, or completes."""
         if ch is None or ch.outcome is not None:
             return
         ch.pending -= 1
-        nxt = req.stage + 1
+        nxt = stage + 1
         stages = ch.arrival.stages
         if nxt < len(stages):
             f = ch.arrival.fanouts[nxt]
-            children = stages[nxt][req.idx * f:(req.idx + 1) * f]
+            children = stages[nxt][idx * f:(idx + 1) * f]
             ch.pending += len(children)
             for i, call in enumerate(children):
                 if ch.outcome is not None:
                     break
-                self.arrive(call, ch.deadline - self.t, ch, nxt, req.idx * f + i)
+                self.chain_call(call, ch, nxt, idx * f + i)
         if ch.pending == 0 and ch.outcome is None:
             self.chain_end(ch, "completed")
 
     def timed_out(self, req: Req) -> None:
+        """Its deadline passed (in the line, or running): nobody got its answer."""
+        if req.sdk is not None or not req.heard:
+            self.clients.ended(req, completed=False)
+            return
+        self.clients.nobody(req)
         if req.chain is not None:
             self.chain_end(req.chain, "timed_out")
 
@@ -193,7 +217,10 @@ class Simulator:
             self.events.push(self.t + self.tick_s, TICK, None)
 
     def busy(self) -> bool:
-        """Whether any accepted call is still in a line or on a replica."""
+        """Whether any accepted call is still in a line or on a replica, or a caller's SDK call or
+        a call parked for its retry is not over."""
+        if self.clients.pending or self.clients.parked:
+            return True
         return any(t.waiting or t.in_flight for t in self.tiers.values())
 
     # --- the run ----------------------------------------------------------------
@@ -242,18 +269,26 @@ class Simulator:
                     serving.on_abort(obj)
                 elif kind == READY:
                     serving.on_ready(*obj)
+                elif kind == CLIENT:
+                    obj[0](obj[1])
             elif next_arr < math.inf:
                 t, _, x = arrivals[ai]
                 ai += 1
                 self.events.t = t
                 events += 1
-                if isinstance(x, Arrival):
-                    self.arrive(x.call, x.deadline_s, stated=x.stated)
-                else:
-                    self.start_chain(x)
+                self._arrival(x)
             else:
                 break
         return self._result(end, time.perf_counter() - wall0, events)
+
+    def _arrival(self, x: Arrival | ChainArrival) -> None:
+        """A call or a chain from the trace, now; a call through its caller's SDK where it has one."""
+        if isinstance(x, ChainArrival):
+            self.start_chain(x)
+        elif x.client is not None:
+            self.clients.start(x.call, x.client, x.header_ms)
+        else:
+            self.arrive(x.call, x.deadline_s, stated=x.stated)
 
     def _start_fleet(self) -> None:
         """Each tier's replicas at the start, ready (the policy says how many)."""
@@ -271,4 +306,5 @@ class Simulator:
                          self.chains_by_class, budget_report(self.sc, self.tiers, self.tick_s),
                          wall_s=wall_s, events=events, ended_s=last,
                          chain_times=self.chain_times, key_waits=self.serving.key_waits, jain=self.serving.shares.index,
-                         fairness=self.fairness)
+                         fairness=self.fairness,
+                         callers=summary(self.clients.stats, self.tiers, self.chains, self.runs))

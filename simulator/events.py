@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-READY, DECODED, PREFILLED, ABORT, EXPIRE, TICK = range(6)
+READY, DECODED, PREFILLED, ABORT, EXPIRE, TICK, CLIENT = range(7)  # CLIENT: (fn, arg), a caller's SDK
 
 
 class EventQueue:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from fleet.config import Priority, TierConfig
 from fleet.policy import (
+    AdmissionDecision,
     AdmissionInput,
     PlanInput,
     PlanState,
@@ -56,6 +57,10 @@ class SimPolicy:
     # Whether the policy sheds by its own admission rule; baselines do not (their calls
     # wait in line until served or until their deadline passes).
     sheds = False
+    # Whether its gateway reads the caller's clock, joins retries and spends a retry budget
+    # (`client_clock`, docs/client-clock.md; `simulator.clients`). Off: every attempt is a new
+    # call, and one whose caller left runs on for nobody.
+    client_clock = False
 
     def prepare(self, sc: Scenario) -> None:
         """Called once before the replay: what the policy may know of the scenario beforehand."""
@@ -66,6 +71,11 @@ class SimPolicy:
     def admit(self, obs: TierObservation, tc: TierConfig, priority: Priority, prompt_tokens: int,
               deadline_s: float) -> str | None:
         return None
+
+    def decide(self, obs: TierObservation, tc: TierConfig, priority: Priority, prompt_tokens: int,
+               deadline_s: float, *, patience_s: float | None = None, opens_chain: bool = False) -> AdmissionDecision:
+        """The whole decision (why, Retry-After, final) for a caller whose SDK reads it."""
+        return AdmissionDecision(True, None, 0.0, deadline_s, 0, 0, "admitted")
 
     def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
         """`gpu_room`: more replicas of the tier the replay's free GPUs hold (None: no limit);
@@ -86,6 +96,7 @@ class OurPolicy(SimPolicy):
 
     name = "fleet"
     sheds = True
+    client_clock = True
 
     def __init__(self) -> None:
         self.tick_s = 1.0
@@ -105,10 +116,17 @@ class OurPolicy(SimPolicy):
               deadline_s: float) -> str | None:
         """As the gateway's tier decision: the same observation, the same capacity, the same
         output-length estimate (the call's true length is not known before it runs)."""
-        cap = self._capacity(obs.tier, tc)
-        d = judge_admission(AdmissionInput.for_tier(obs, cap, tc, priority, prompt_tokens=prompt_tokens,
-                                                    output_tokens=cap.output_estimate(None), deadline_s=deadline_s))
+        d = self.decide(obs, tc, priority, prompt_tokens, deadline_s)
         return None if d.admitted else d.reason
+
+    def decide(self, obs: TierObservation, tc: TierConfig, priority: Priority, prompt_tokens: int,
+               deadline_s: float, *, patience_s: float | None = None, opens_chain: bool = False) -> AdmissionDecision:
+        """`judge_admission` as the gateway asks it: `deadline_s` the bound judged (on the caller's
+        clock, `CallClock.judged_ms`), its patience across retries, whether it opens a chain."""
+        cap = self._capacity(obs.tier, tc)
+        return judge_admission(AdmissionInput.for_tier(obs, cap, tc, priority, prompt_tokens=prompt_tokens,
+                                                       output_tokens=cap.output_estimate(None), deadline_s=deadline_s,
+                                                       patience_s=patience_s, opens_chain=opens_chain))
 
     def scale(self, obs: TierObservation, tc: TierConfig, *, gpu_room: int | None = None) -> Action:
         """As the live scaler's tick (`scaler.loop.Scaler.tick_tier`): `plan_tier` on what the
@@ -119,3 +137,12 @@ class OurPolicy(SimPolicy):
         self.capacity[obs.tier] = plan.capacity
         d = plan.decision
         return Action(d.action, d.delta, d.reason, d.code, d.floor, d.ceiling)
+
+
+class NoClockPolicy(OurPolicy):
+    """Our policy with the caller's clock off (`client_clock.enabled: false`, the fleet before
+    issue 37): deadlines are X-Deadline-Ms or the default, retries are new calls, no retry budget,
+    no new chain shed first, and a call whose caller left runs on for nobody."""
+
+    name = "fleet-noclock"
+    client_clock = False

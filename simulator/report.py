@@ -15,6 +15,7 @@ from fleet.config import CLASSES
 from fleet.policy.tier_budget import cost_per_useful_million
 from simulator import objectives
 from simulator.bound import TierBound
+from simulator.clients import callers_compare, render_callers
 from simulator.results import SimResult
 
 
@@ -69,7 +70,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
         for cls, o in zip(CLASSES, t.outcomes, strict=True):
             if not o.arrived:
                 continue
-            unfinished = o.accepted - o.completed - o.expired_waiting - o.expired_running
+            unfinished = o.accepted - o.completed - o.expired_waiting - o.expired_running - o.cancelled - o.unheard
             classes[cls] = {
                 "arrived": o.arrived, "accepted": o.accepted, "completed": o.completed,
                 "shed": dict(sorted(o.shed.items())), "expired": o.expired_waiting + o.expired_running,
@@ -77,6 +78,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "preempted": o.preempted,
                 "within_objective": o.within_objective,
                 "unfinished_at_end": unfinished,
+                **({"cancelled": o.cancelled} if o.cancelled else {}), **({"unheard": o.unheard} if o.unheard else {}),
                 "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
                 "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
                 "tpot_s": {"p50": _num(pct(o.tpots, 0.5), 4), "p99": _num(pct(o.tpots, 0.99), 4)},
@@ -124,7 +126,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
         "ended_s": round(max(r.ended_s, dur), 3),
         "tiers": tiers,
         "chains": r.chains,
-        "chains_by_class": r.chains_by_class,
+        "chains_by_class": r.chains_by_class, "callers": r.callers,  # callers: `simulator.clients.summary`
         "wall_s": round(r.wall_s, 3),
         "events": r.events,
     }
@@ -291,6 +293,8 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
         out.append("")
     if s.get("objectives"):
         out.append(objectives.render(s["objectives"]))
+    if s.get("callers"):
+        out += [render_callers(s["callers"]), ""]
     out.append(f"goodput {s['goodput_rps']:.2f} req/s (committed {s['committed_goodput_rps']:.2f}); "
                f"replica-hours {s['replica_hours']:.2f}; spend ${s['spend_usd']:.2f} "
                f"({'within' if s['within_budget'] else 'OVER'} budget); "
@@ -333,6 +337,7 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
             "served_bound_replica_hours": (s.get("bound") or {}).get("served_replica_hours"),
             "budget_use": s["budget_use"],
             "objectives": objectives.shares(s.get("objectives") or {}),
+            "callers": s.get("callers"),
         })
     rows.sort(key=lambda r: (-r["goodput_rps"], r["replica_hours"], r["spend_usd"]))
     for i, r in enumerate(rows, 1):
@@ -352,7 +357,7 @@ def compare_rows(summaries: list[dict[str, Any]], bound: dict[str, TierBound] | 
                          "bound_ratio": None,  # a bound has no served calls of its own
                          "bound_ratio_every_call": (round(sum(x.replica_seconds for x in b.values()) / 3600 / ref, 3)
                                                     if ref > 0 else None),
-                         "served_bound_replica_hours": None, "objectives": None,
+                         "served_bound_replica_hours": None, "objectives": None, "callers": None,
                          "rank_replica_hours": None, "rank_spend_usd": None})
     return rows
 
@@ -369,9 +374,10 @@ def render_compare(rows: list[dict[str, Any]]) -> str:
               "-" if r["flaps"] is None else str(r["flaps"]), _f(r.get("served_bound_replica_hours")),
               _f(r["bound_ratio"]), _f(r.get("bound_ratio_every_call")),
               _use(r["budget_use"]), objectives.cell(r.get("objectives"))] for r in rows]
-    return _table(["policy", "#", "goodput/s", "committed/s", "committed missed", "committed chains failed",
-                   "replica-h (#)", "spend $ (#)", "$/M useful", "in budget", "flaps", "served bound h",
-                   "x served bound", "x every call", "budget use (highest)", "within objective %"], table)
+    out = _table(["policy", "#", "goodput/s", "committed/s", "committed missed", "committed chains failed",
+                  "replica-h (#)", "spend $ (#)", "$/M useful", "in budget", "flaps", "served bound h",
+                  "x served bound", "x every call", "budget use (highest)", "within objective %"], table)
+    return out + callers_compare(rows)
 
 
 def _use(use: dict[str, float] | None) -> str:

@@ -53,3 +53,4 @@ class SimResult:
     key_waits: dict[str, list[float]] | None = None  # "key:<name>" -> waits in line of its completed calls
     jain: float | None = None  # Jain's index over the flows backlogged through a window (`simulator.line`)
     fairness: str | None = None  # every tier's order within a class, when the run forced one
+    callers: dict[str, Any] | None = None  # what the callers' SDKs spent and got (`simulator.clients.summary`)

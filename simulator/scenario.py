@@ -37,8 +37,8 @@ Shape:
           - {tier: analysis, fanout: 4, prompt_tokens: 600, output_tokens: 120}
           - {tier: routing, fanout: 3, prompt_tokens: 200, output_tokens: 20}
 
-Times inside the day ("08:30", "08:30:15") are local times on the start date;
-durations are seconds or "90s", "10m", "1h30m".
+Times inside the day ("08:30", "08:30:15") are local times on the start date; durations are
+seconds or "90s", "10m", "1h30m". A `client:` (`simulator.client_spec`) gives callers an SDK.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from zoneinfo import ZoneInfo
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic.functional_validators import AfterValidator
 
 from fleet.config import (
     CLASSES,
@@ -65,6 +66,7 @@ from fleet.config import (
     valid_timezone,
 )
 from fleet.durations import duration_s
+from simulator.client_spec import ClientSpec
 from simulator.tracefile import TraceArrival, check_trace, rate_points, read_trace, replay
 
 REPO = DEFAULT_CONFIG.parent.parent
@@ -87,6 +89,9 @@ def _known_class(v: str) -> str:
     if v not in CLASSES:
         raise ValueError(f"unknown priority class {v!r}; classes are {', '.join(CLASSES)}")
     return v
+
+
+ClassName = Annotated[str, AfterValidator(_known_class)]  # a priority class, named in its error
 
 
 class _Strict(BaseModel):
@@ -151,16 +156,12 @@ class Arrival(_Process):
     """Independent calls to one tier in one class."""
 
     tier: str
-    cls: str = Field(alias="class")
+    cls: ClassName = Field(alias="class")
     prompt_tokens: Length = Field(default_factory=lambda: Length(mean=200))
     output_tokens: Length = Field(default_factory=lambda: Length(mean=100))
     deadline_ms: float | None = Field(None, gt=0)
     key: str | None = Field(None, min_length=1, max_length=128)  # the API key it calls with: its flow
-
-    @field_validator("cls")
-    @classmethod
-    def _cls(cls, v: str) -> str:
-        return _known_class(v)
+    client: ClientSpec | None = None  # its callers' SDK (`simulator.client_spec`); None: the scenario's
 
 
 class Stage(_Strict):
@@ -176,15 +177,11 @@ class Chain(_Process):
     """An agent chain: a planner call, then its fan-out, with one deadline for it all."""
 
     name: str
-    cls: str = Field("committed", alias="class")
+    cls: ClassName = Field("committed", alias="class")
     deadline_ms: float = Field(gt=0)
     stages: list[Stage] = Field(min_length=1)
     conversation: bool = False  # its stages are the turns of one growing conversation: one prefix, cached
-
-    @field_validator("cls")
-    @classmethod
-    def _cls(cls, v: str) -> str:
-        return _known_class(v)
+    client: ClientSpec | None = None  # its agent's SDK (`simulator.client_spec`); None: the scenario's
 
 
 def _arrival_kind(v: Any) -> str:
@@ -207,6 +204,7 @@ class ScenarioFile(_Strict):
     arrivals: list[Annotated[Annotated[Arrival, Tag("Arrival")] | Annotated[TraceArrival, Tag("TraceArrival")],
                              Discriminator(_arrival_kind)]] = Field(default_factory=list)
     chains: list[Chain] = Field(default_factory=list)
+    client: ClientSpec | None = None  # every stream's SDK unless it names its own; None: no client model
     # Checks a run can be held to: named expectations the report prints as pass/fail.
     expect: dict[str, Any] = Field(default_factory=dict)
 

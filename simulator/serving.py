@@ -274,8 +274,21 @@ class Serving:
     def on_abort(self, req: Req) -> None:
         """Its deadline passed while it ran: out of the batch, the tokens it made are paid for,
         its slot and KV room are freed, and its chain has timed out."""
-        if req.state != RUNNING:
-            return
+        if req.state == RUNNING and self._stop(req):
+            req.tier.outcomes[req.call.cls].expired_running += 1
+            self.ends.timed_out(req)
+
+    def cancel(self, req: Req) -> None:
+        """Its caller left and no retry took it over (`simulator.clients`): out of the line, or
+        aborted in its engine (the tokens it made paid for)."""
+        if req.state == QUEUED:
+            self._unline(req)
+        elif req.state != RUNNING or not self._stop(req):
+            return  # ended already, or completed this very instant
+        req.tier.outcomes[req.call.cls].cancelled += 1
+
+    def _stop(self, req: Req) -> bool:
+        """A running call leaves its replica before its end; False when it completed at this instant."""
         tier = req.tier
         r = req.replica
         assert r is not None
@@ -284,27 +297,30 @@ class Serving:
             for done in self._advance(r):
                 self._completed(done)
             if req.state != RUNNING:
-                return  # its last token came at the deadline itself
+                return False  # its last token came at this very instant
             made = r.model.tokens_of(req.seq)
             r.model.leave(req)
             self._reschedule(r)
-        tier.outcomes[req.call.cls].expired_running += 1
         tier.done_times.append(self.events.t)  # the slot is freed: for the meters it was served (badly)
-        if tier.usd_per_token:  # the tokens processed before the abort were paid for
+        if tier.usd_per_token:  # the tokens processed before it stopped were paid for
             tier.token_usd += (req.call.prompt + made) * tier.usd_per_token
         self._release(tier, req)
-        self.ends.timed_out(req)
+        return True
 
     def on_expire(self, req: Req) -> None:
         if req.state != QUEUED:
             return
+        self._unline(req)
+        req.tier.outcomes[req.call.cls].expired_waiting += 1
+        self.ends.timed_out(req)
+
+    def _unline(self, req: Req) -> None:
+        """A waiting call leaves the line other than to a replica (expired or cancelled)."""
         tier = req.tier
         req.state = FINISHED
         tier.line[req.call.cls].remove(req)
         tier.by_class[req.call.cls] -= 1
         tier.waiting -= 1
-        tier.outcomes[req.call.cls].expired_waiting += 1
-        self.ends.timed_out(req)
 
     def _preempt_for(self, tier: TierSim, req: Req) -> bool:
         """No replica has room for `req`: preempt the call the policy names, on any ready replica,
@@ -369,6 +385,11 @@ class Serving:
         """The call leaves its replica's slot and KV room (finished, aborted or preempted)."""
         r = req.replica
         assert r is not None
+        held = self.events.t - req.start
+        req.engine_s += held
+        tier.engine_s += held
+        if req.chain is not None:
+            req.chain.engine_s += held
         self.calls_on.get(r.id, {}).pop(req, None)
         r.running -= 1
         r.model.free(req.kv)

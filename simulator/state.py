@@ -36,7 +36,7 @@ QUEUED, RUNNING, FINISHED = 0, 1, 2
 
 
 class ChainRun:
-    __slots__ = ("arrival", "deadline", "done_at", "outcome", "pending", "shed_reason")
+    __slots__ = ("arrival", "deadline", "done_at", "engine_s", "outcome", "pending", "shed_reason")
 
     def __init__(self, arrival: ChainArrival) -> None:
         self.arrival = arrival
@@ -45,6 +45,7 @@ class ChainRun:
         self.outcome: str | None = None  # completed | timed_out | shed
         self.shed_reason = ""
         self.done_at = 0.0
+        self.engine_s = 0.0  # slot-seconds its calls held on replicas (whatever became of them)
 
 
 class SimReplica:
@@ -65,8 +66,9 @@ class SimReplica:
 
 
 class Req:
-    __slots__ = ("call", "chain", "deadline", "first_token", "idx", "kv", "lseq", "pmarked", "preempted", "replica",
-                 "score", "seq", "stage", "start", "state", "t_arr", "tier", "wait_goal")
+    __slots__ = ("call", "chain", "deadline", "engine_s", "first_token", "heard", "idx", "kv", "lseq", "parked_until",
+                 "pmarked", "preempted", "replica", "score", "sdk", "seq", "stage", "start", "state", "t_arr", "tier",
+                 "wait_goal")
 
     def __init__(self, call: Call, tier: TierSim, t_arr: float, deadline: float,
                  chain: ChainRun | None = None, stage: int = 0, idx: int = 0,
@@ -90,6 +92,12 @@ class Req:
         self.lseq = 0  # its arrival sequence in the tier
         # Its objective (`simulator.objectives`): None, its deadline; else the longest it may wait in line.
         self.wait_goal = wait_goal
+        self.engine_s = 0.0  # slot-seconds it held on replicas, every run of it (`Serving._off`)
+        # Its caller's SDK (`simulator.clients`): the attempt that will receive its answer (None:
+        # nobody now), whether its answer reaches anyone, and until when it is parked for a retry.
+        self.sdk: object | None = None
+        self.heard = True
+        self.parked_until = 0.0
 
 
 @dataclass(slots=True)
@@ -99,6 +107,8 @@ class Outcome:
     expired_waiting: int = 0
     expired_running: int = 0
     preempted: int = 0  # times a call of this class gave its slot to a higher class and went back in line
+    cancelled: int = 0  # its caller left and no retry took it over (`simulator.clients`)
+    unheard: int = 0  # completed, its answer received by nobody (its caller left): not in `completed`
     shed: dict[str, int] = field(default_factory=dict)
     waits: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
@@ -164,6 +174,8 @@ class TierSim:
         self.spend_marks: list[float] = []  # spend at each tick, for "spent since the window began"
         self.initial_usd_per_s = 0.0
         self.peak_replicas = 0
+        self.engine_s = 0.0  # slot-seconds calls held on its replicas
+        self.nobody_s = 0.0  # ...of calls whose answer nobody received (aborted, cancelled, or its caller gone)
         self.served: list[Call] = []  # the calls completed (on time: a late one is aborted), for the served bound
         self._replicas_seen: Replicas | None = None  # as the last lifecycle change left them
 
