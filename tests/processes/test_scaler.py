@@ -89,6 +89,9 @@ def test_burst_scales_out_counting_starting_drains_and_steps_down_when_idle(sfle
     start_scaler(f)
     wait_until(lambda: len(ready(f)) == 1, 45, what="the warm floor (1 replica) ready")
     first = set(ready(f))
+    # The scaler's own view too: its `ready` event for the floor replica is stamped at its next tick
+    # after the beat said ready (up to a tick later), and before it the floor counts as starting.
+    wait_until(lambda: published(f).get("ready") == "1", 10, interval=0.05, what="the scaler counting the floor ready")
 
     t_burst = time.time()
     burst(f, 24)  # ~6 s of work for one replica at ~4 requests/s: drain far over 2 s
@@ -114,7 +117,12 @@ def test_burst_scales_out_counting_starting_drains_and_steps_down_when_idle(sfle
     entries = stream(f, t_burst)
     outs = [e for e in entries if e.get("action") == "scale_out"]
     ins = [e for e in entries if e.get("action") == "scale_in"]
-    readies = [e for e in entries if e.get("event") == "ready"]
+    # The ready events of the replicas the burst ordered. Not the floor replica's: the test saw its
+    # heartbeat say ready, but the scaler stamps its `ready` event at the tick it reads that beat,
+    # which can come after t_burst; counted here, it made every later order look one short
+    # (`counted == ordered - came_up` failed by one: the race "between a decision record and a
+    # ready beat").
+    readies = [e for e in entries if e.get("event") == "ready" and e.get("replica") not in first]
     assert outs, entries
     # Ordered on the line within a tick or so of the burst (a loaded machine gets slack).
     assert float(outs[0]["at"]) - t_burst < 2.0
@@ -125,9 +133,16 @@ def test_burst_scales_out_counting_starting_drains_and_steps_down_when_idle(sfle
     # While they started, the scaler counted them instead of ordering again: every later order
     # counted exactly the replicas ordered before it and not ready yet.
     assert any(e["reason"].startswith("hold: ") and "starting" in e["reason"] for e in entries)
+    # A replica stops counting as starting at its first `ready`, or at a `start_timeout` / `died`
+    # (the scaler stopped it or it died while starting): each stamped before the decision that
+    # no longer counts it, in the same tick at the latest.
+    left_starting: dict[str, float] = {}
+    for ev in entries:
+        if ev.get("event") in ("ready", "start_timeout", "died") and ev.get("replica") not in first:
+            left_starting.setdefault(ev["replica"], float(ev["at"]))
     for i, e in enumerate(outs[1:], 1):
         ordered = sum(int(o["delta"]) for o in outs[:i])
-        came_up = sum(1 for r in readies if float(r["at"]) <= float(e["at"]))
+        came_up = sum(1 for at in left_starting.values() if at <= float(e["at"]))
         counted = int(re.search(r"counting (\d+) starting", e["reason"]).group(1))  # type: ignore[union-attr]
         assert counted == ordered - came_up, (e, outs, readies)
     # Scale-in: exactly what was added, each step a hold period after the last (down to the need
