@@ -82,7 +82,10 @@ class PrivateCluster:
             [exe, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
              "--cluster-enabled", "yes", "--cluster-config-file", f"{self.dir}/nodes-{i}-{port}.conf",
              "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--maxclients", "10000"],
+             "--dir", self.dir, "--maxclients", "10000",
+             # A replica's first sync starts at once, not after the 5 s Redis waits by default for
+             # more replicas to share one diskless transfer: each master here has one replica.
+             "--repl-diskless-sync-delay", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return ClusterNodeProc(port, bus, proc)
 
@@ -114,10 +117,21 @@ class PrivateCluster:
                 rep = c.info("replication")
                 if rep["role"] == "slave" and rep.get("master_link_status") != "up":
                     return False
+                if not self._knows_every_pairing(c):
+                    return False
             masters = [p for p, role in self.roles().items() if role == "master"]
             return len(masters) == self.masters
         except redis.RedisError:
             return False
+
+    def _knows_every_pairing(self, c: redis.Redis) -> bool:
+        """Node `c`'s own CLUSTER NODES names every master and every replica with its master:
+        a replica's link can be up before gossip has told the other nodes whose replica it is,
+        and a test that looks a master's replica up (CLUSTER NODES) must find it."""
+        rows = [ln.split() for ln in c.execute_command("CLUSTER", "NODES").decode().splitlines()]
+        masters = {r[0] for r in rows if "master" in r[2] and "fail" not in r[2]}
+        paired = [r for r in rows if "slave" in r[2] and "fail" not in r[2] and r[3] in masters]
+        return len(masters) == self.masters and len(paired) == self.masters * self.replicas
 
     def master_of(self, key: str) -> ClusterNodeProc:
         slot = self.nodes[0].client().cluster("keyslot", key)

@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.config import FleetConfig, GpuInventory, TierConfig
-from fleet.policy import ScaleDecision
+from fleet.policy import ScaleDecision, wedged
 from fleet.store.keys import TierKeys
 from scaler.backends import LocalBackend, Supervised
 from scaler.placement import Placement, discover
@@ -36,10 +36,10 @@ class StandIn(LocalBackend):
         return [sys.executable, "-c", f"{trap}import time\nwhile True: time.sleep(0.05)", rec.id]
 
 
-def config(ns: str) -> FleetConfig:
+def config(ns: str, heartbeat_s: float = 0.25) -> FleetConfig:
     return FleetConfig.model_construct(
         namespace=ns, tiers={"planner": TierConfig(gpus_per_replica=2, gpu_memory_gb=70, max_replicas=4)},
-        gpus=[GpuInventory(index=i, memory_gb=80) for i in range(4)], heartbeat_s=0.25)
+        gpus=[GpuInventory(index=i, memory_gb=80) for i in range(4)], heartbeat_s=heartbeat_s)
 
 
 @pytest.fixture
@@ -231,12 +231,17 @@ async def test_a_redis_outage_does_not_make_every_replica_wedged(redis: Redis) -
     """The scaler's ticks fail while Redis is away (nothing polls), and after it the heartbeats are
     stale for a beat or two: that silence is the store's, not the replicas'. Before issue 12 the
     first tick after an outage longer than the wedged limit killed every ready replica."""
-    cfg = config(f"t{uuid.uuid4().hex[:8]}")  # heartbeat 0.25 s: wedged after 3.5 s silent
+    # A short beat, so that the windows (and the test) are short: the wedged limit keeps its
+    # fixed second, 2 * (3 * 0.05 + 1) = 2.3 s silent; unpolled for 3 * 0.05 + 1 = 1.15 s is blind.
+    hb = 0.05
+    limit = 2 * (3 * hb + 1)
+    assert wedged(0.0, limit + 0.01, hb) and not wedged(0.0, limit - 0.01, hb)  # the policy's own window
+    cfg = config(f"t{uuid.uuid4().hex[:8]}", heartbeat_s=hb)
     sup = supervisor(redis, cfg, StandIn())
     rec = await sup.start("planner")
     assert rec is not None
     assert [e.event for e in await sup.poll({rec.id}, tier="planner", beating_ids={rec.id})] == ["ready"]
-    outage_s = 4.0
+    outage_s = limit + 0.5  # longer than the wedged limit: the first tick after it must not kill
     await asyncio.sleep(outage_s)  # the outage itself: the scaler's ticks fail, nothing is polled
     assert await sup.poll(set(), tier="planner", beating_ids=set()) == []  # stale beats right after it
     assert rec.state == "ready"
@@ -245,5 +250,5 @@ async def test_a_redis_outage_does_not_make_every_replica_wedged(redis: Redis) -
     while not (events := await sup.poll(set(), tier="planner", beating_ids=set())):
         assert time.monotonic() - back < 10, "a silent replica was never found wedged"
         await asyncio.sleep(0.2)
-    assert [e.event for e in events] == ["died"] and time.monotonic() - back > 3.0
+    assert [e.event for e in events] == ["died"] and time.monotonic() - back > limit - 0.5
     await until_gone(sup, rec.id)
