@@ -6,22 +6,17 @@ admin key, made on first start or added at run time, opens them. On loopback not
 from __future__ import annotations
 
 import hashlib
-import logging
 import subprocess
 import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from fleet.config import load_config
 from fleet.store.api_keys import list_stored_keys
 from fleet.store.keys import stored_api_keys
 from fleetctl.admin_key import SHOWN, ensure_admin_key
-from gateway.auth import beyond_loopback
-from gateway.server import expose
-from tests.harness import ROOT, TEST_CONFIG, Fleet, wait_until
+from tests.harness import ROOT, Fleet, wait_until
 from tests.processes.test_hardening_edge import typed
 
 ADMIN = [("POST", "/v1/fleet/prewarm", {"tier": "routing", "floor": 2, "duration_s": 60}),
@@ -111,16 +106,3 @@ def test_the_first_admin_key_is_made_once_printed_once_and_stored_as_its_digest(
     assert "fk-chosen" not in capsys.readouterr().out
     (key,) = list_stored_keys(chosen.r, chosen.cfg.namespace).keys
     assert key.sha256 == hashlib.sha256(b"fk-chosen-by-the-operator").hexdigest()
-
-
-def test_which_addresses_reach_beyond_loopback(caplog: pytest.LogCaptureFixture) -> None:
-    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
-        assert not beyond_loopback(host), host
-    for host in ("0.0.0.0", "::", "10.1.2.3", "192.168.0.7", "no-such-host.invalid"):
-        assert beyond_loopback(host), host
-
-    app = SimpleNamespace(state=SimpleNamespace())  # what expose() touches of a FastAPI app
-    with caplog.at_level(logging.WARNING, logger="fleet.gateway.server"):
-        expose(app, load_config(TEST_CONFIG), "0.0.0.0")
-    assert app.state.exposure.beyond_loopback and not app.state.exposure.open
-    assert "refused with 401" in caplog.text

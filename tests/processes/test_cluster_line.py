@@ -1,10 +1,9 @@
-"""The line on a real Redis Cluster: scripts held to one slot, the URL scheme, and a
-master killed under load (its replica promoted, the parts riding through)."""
+"""The line on a real Redis Cluster: a master killed under load (its replica promoted, the parts
+riding through). Scripts held to one slot and the URL scheme, with no processes:
+tests/pure/test_store_scripts_declared.py and tests/store/test_cluster_scripts.py."""
 
 from __future__ import annotations
 
-import ast
-import importlib
 import signal
 import threading
 import time
@@ -13,56 +12,9 @@ from collections import Counter
 
 import httpx
 import pytest
-import redis
 
-from fleet.store.connection import connect, connect_sync, parse_url
-from fleet.store.keys import TierKeys
-from fleet.store.lua import CLOCK, SHEBANG
 from tests.cluster_harness import PrivateCluster
 from tests.harness import Fleet, wait_until
-from tests.paths import ROOT
-
-STORE = ROOT / "fleet" / "store"
-
-
-def _registered_scripts() -> list[tuple[str, str, str]]:
-    """(module, constant, text) for every script a store module passes to register_script."""
-    out = []
-    for path in sorted(STORE.glob("*.py")):
-        mod = importlib.import_module(f"fleet.store.{path.stem}")
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "register_script" and node.args and isinstance(node.args[0], ast.Name)):
-                out.append((path.stem, node.args[0].id, getattr(mod, node.args[0].id)))
-    return out
-
-
-def test_every_store_script_declares_itself_so_the_cluster_holds_it_to_one_slot() -> None:
-    scripts = _registered_scripts()
-    assert len(scripts) >= 15, scripts  # the line, admission, limits, budgets, ledger, leader
-    undeclared = [f"{m}.{name}" for m, name, text in scripts if not text.startswith(SHEBANG)]
-    assert undeclared == [], f"scripts without the {SHEBANG!r} first line: {undeclared}"
-
-
-async def test_a_script_reaching_outside_its_tiers_slot_fails_on_the_cluster(redis_cluster_url: str) -> None:
-    r = connect(redis_cluster_url)
-    mine, other = TierKeys("slotcheck", "routing"), TierKeys("slotcheck", "planner")
-    assert await r.cluster_keyslot(mine.line) != await r.cluster_keyslot(other.line)  # type: ignore[attr-defined]
-    inside = r.register_script(CLOCK + "redis.call('HSET', ARGV[1] .. 'req:x', 'enq', n2s(now)) return 1")
-    assert await inside(keys=[mine.line], args=[mine.request("")[:-4]]) == 1
-    outside = r.register_script(CLOCK + "redis.call('HSET', ARGV[1] .. 'req:x', 'enq', n2s(now)) return 1")
-    with pytest.raises(redis.ResponseError, match="same slot"):
-        await outside(keys=[mine.line], args=[other.request("")[:-4]])
-    await r.aclose()
-
-
-def test_the_cluster_scheme_takes_seeds_and_names_bad_ones(redis_cluster_url: str) -> None:
-    assert parse_url(redis_cluster_url).scheme == "redis+cluster"
-    r = connect_sync(redis_cluster_url)
-    assert r.ping()
-    with pytest.raises(ValueError, match="HOST:PORT"):
-        connect_sync("redis+cluster://127.0.0.1")
-
 
 # --- failover under load --------------------------------------------------------
 
@@ -188,23 +140,3 @@ def _failover_under_load(lag_s: float = 0.0, env: dict[str, str] | None = None) 
     finally:
         f.stop()
         cluster.stop()
-
-
-async def test_a_transaction_that_met_a_dead_node_does_not_wedge_the_client(redis_cluster_url: str) -> None:
-    """redis-py 6.4's transaction pipeline, on a connection error, files that error as the slot
-    map's pending MOVED redirect (`update_moved_exception`, what `_reinitialize_on_error` calls);
-    every later command then failed reading its host. A CI rehearsal's gateway stayed wedged a
-    minute after a promotion. The fleet's client drops it and carries on."""
-    client = connect(redis_cluster_url, name="test")
-    try:
-        key = f"{{wedge}}:{uuid.uuid4().hex}"
-        await client.set(key, "1")
-        client.nodes_manager.update_moved_exception(redis.exceptions.ConnectionError("closed"))  # type: ignore[attr-defined]
-        assert await client.get(key) == b"1"  # a command carries on...
-        client.nodes_manager.update_moved_exception(redis.exceptions.ConnectionError("closed"))  # type: ignore[attr-defined]
-        async with client.pipeline(transaction=True) as p:  # ...and so does a transaction
-            p.incr(key).get(key)
-            assert await p.execute() == [2, b"2"]
-        await client.delete(key)
-    finally:
-        await client.aclose()

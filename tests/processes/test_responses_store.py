@@ -2,7 +2,7 @@
 or delete it (another key gets a 404, as if it never was); the store's bounds refuse a turn with a
 typed 400 before it runs; a response lives `responses.ttl_s` (30 days by default); the continued
 conversation's tokens count as the call's input; and a conversation continues on another gateway
-process on a Redis Cluster. The config names a bad bound.
+process on a Redis Cluster. (A bad bound in the config: tests/pure/test_responses_bounds.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import openai
 import pytest
 import yaml
 
-from fleet.config import ConfigError, load_config
 from tests.harness import TEST_CONFIG, Fleet
 
 ALICE, BOB = "sk-alice-responses-test", "sk-bob-responses-test"
@@ -138,13 +137,3 @@ def test_continued_on_another_gateway_on_a_cluster(redis_cluster_url: str) -> No
     finally:
         b.stop()
         a.stop()
-
-
-@pytest.mark.parametrize(("section", "field"), [({"ttl_s": 0}, "responses.ttl_s"),
-                                                ({"max_response_bytes": 10, "max_conversation_bytes": 5},
-                                                 "max_conversation_bytes")])
-def test_a_bad_bound_names_the_field(tmp_path: Path, section: dict[str, int], field: str) -> None:
-    p = tmp_path / "fleet.yaml"
-    p.write_text(yaml.safe_dump({"tiers": {"routing": {}}, "responses": section}))
-    with pytest.raises(ConfigError, match=field):
-        load_config(p)

@@ -14,6 +14,7 @@ from fleet.config import Priority
 from fleet.store.affinity import AffineLine, AffinityRules, cached_prefixes
 from fleet.store.connection import connect
 from fleet.store.line import Line
+from tests.store.conftest import LineSpec
 
 pytestmark = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
 
@@ -22,10 +23,9 @@ RULES = AffinityRules(window=8, wait_ms=(HOLD_MS,) * 4, slack_ms=5000, live_ms=6
 
 
 @pytest.fixture
-async def line(store_url: str):
-    r = connect(store_url)
-    yield AffineLine(r, f"t{uuid.uuid4().hex[:8]}", "routing", rules=RULES, result_ttl_s=30, rate_window_s=5)
-    await r.aclose()
+def line_spec() -> LineSpec:
+    """The shared `line` (tests/store/conftest.py), affine: claims prefer the chain a replica holds."""
+    return LineSpec(AffineLine, options={"rules": RULES, "result_ttl_s": 30, "rate_window_s": 5})
 
 
 async def put(line: Line, prio: Priority, key: str = "", deadline_ms: int = 30_000) -> str:

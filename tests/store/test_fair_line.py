@@ -10,20 +10,12 @@ import pytest
 
 from fleet.config import Priority
 from fleet.policy.fairness import call_cost, class_clock, flow_start
-from fleet.store.connection import connect
 from fleet.store.flows import Place, read_clock, read_flow
 from fleet.store.line import Line
 
 pytestmark = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
 
 COST = 100
-
-
-@pytest.fixture
-async def line(store_url: str):
-    r = connect(store_url)
-    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
-    await r.aclose()
 
 
 async def put(line: Line, flow: str, n: int = 1, prio: Priority = Priority.interactive, *, cost: int = COST,

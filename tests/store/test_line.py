@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
 from fleet.config import Priority
-from fleet.store.connection import connect, pubsub_source
+from fleet.store.connection import pubsub_source
 from fleet.store.events import Done, decode
 from fleet.store.line import Line
 from tests.harness import enqueue_many as _put
@@ -17,13 +16,6 @@ DONE = Done(1, "stop", {})
 
 # The line protocol runs the same on one Redis and on a Redis Cluster (3 masters + 3 replicas).
 pytestmark = pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
-
-
-@pytest.fixture
-async def line(store_url: str):
-    r = connect(store_url)
-    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
-    await r.aclose()
 
 
 

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
-from redis.asyncio import Redis
 
 from fleet.config import ConfigError, Priority, load_config
 from fleet.policy import RunningRequest, WaitingRequest, choose_victim, claim_caps
@@ -70,13 +68,6 @@ def test_reserved_slots_name_a_known_class(tmp_path) -> None:  # type: ignore[no
     with pytest.raises(ConfigError, match=r"preemption\.reserved_slots"):
         load_config(bad)
     assert load_config(TEST_CONFIG).tiers["routing"].preemption.enabled is True  # on by default
-
-
-@pytest.fixture
-async def line(redis_url: str):  # type: ignore[no-untyped-def]
-    r = Redis.from_url(redis_url)
-    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
-    await r.aclose()
 
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis as sync_redis
@@ -26,6 +26,10 @@ ACK = Ack(replicas=1, timeout_ms=300)
 def pair() -> Iterator[tuple[PrivateRedis, PrivateRedis]]:
     """A master and its replica, in sync."""
     master = PrivateRedis().start()
+    # The replica's first sync at once, not after the 5 s a master waits by default for more
+    # replicas to share one diskless transfer (there is one replica here).
+    with sync_redis.Redis(port=master.port) as m:
+        m.config_set("repl-diskless-sync-delay", 0)
     replica = PrivateRedis(replica_of=master.port).start()
     try:
         r = sync_redis.Redis(port=replica.port)
@@ -37,10 +41,9 @@ def pair() -> Iterator[tuple[PrivateRedis, PrivateRedis]]:
 
 
 @pytest.fixture
-async def line(pair: tuple[PrivateRedis, PrivateRedis]) -> AsyncIterator[Line]:
-    r = Redis.from_url(pair[0].url)
-    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "routing")
-    await r.aclose()
+def line_url(pair: tuple[PrivateRedis, PrivateRedis]) -> str:
+    """The shared `line` (tests/store/conftest.py) on this module's master."""
+    return pair[0].url
 
 
 async def _enqueue(line: Line, ack: Ack | None) -> tuple[str, float]:

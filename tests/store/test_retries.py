@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.policy.retries import retry_allowed
 from fleet.store.admitting import AdmissionSnapshot, Admitting, Attempt, Gated, RetryBudget
-from fleet.store.connection import connect
 from fleet.store.line import Line
 from fleet.store.retries import JOINED, OTHER_BODY, RETRY_BUDGET_SPENT, Retries
-
-
-@pytest.fixture
-async def line(store_url: str):  # type: ignore[no-untyped-def]
-    r = connect(store_url)
-    yield Line(r, f"t{uuid.uuid4().hex[:8]}", "t")
-    await r.aclose()
 
 
 async def gate(line: Line, attempt: Attempt, budget: RetryBudget | None = None) -> AdmissionSnapshot | Gated:

@@ -9,11 +9,11 @@ import uuid
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from fleet.config import Priority
 from fleet.store.events import Done, decode
 from fleet.store.line import Claimed, Line
+from tests.store.conftest import LineSpec
 from workers.engines.base import Delta
 from workers.streaming import LeaseLost, StreamWriter
 
@@ -31,10 +31,9 @@ class CountingLine(Line):
 
 
 @pytest.fixture
-async def line(redis_url: str):
-    r = Redis.from_url(redis_url)
-    yield CountingLine(r, f"t{uuid.uuid4().hex[:8]}", "routing", result_ttl_s=30, rate_window_s=5)
-    await r.aclose()
+def line_spec() -> LineSpec:
+    """The shared `line` (tests/store/conftest.py), counting its stream writes."""
+    return LineSpec(CountingLine)
 
 
 async def running(line: Line, n: int = 1, lease_s: float = 5) -> list[Claimed]:
