@@ -24,6 +24,9 @@ RETRIES = Counter("fleet_retries", "Calls kept for their SDK's retry and attempt
 DEADLINES = Counter("fleet_deadline_source", "Calls by where their deadline came from: header (X-Deadline-Ms), "
                     "client (the SDK's own timeout and retries), default.", ["tier", "source"])
 SHED = Counter("fleet_shed", "Requests refused at admission, by reason.", ["tier", "priority", "reason"])
+DEGRADED = Counter("fleet_degraded", "Calls a tier would have refused, served by the tier its degrade rule names "
+                   "(docs/degrade.md): from the tier asked, to the tier that served, the first refusal's reason.",
+                   ["from", "to", "reason", "class"])
 TTFT = Histogram("fleet_ttft_seconds", "Time to first token, measured by the worker.", ["tier"],
                  buckets=LATENCY_BUCKETS)
 TPOT = Histogram("fleet_tpot_seconds", "Time per output token after the first, measured by the worker.", ["tier"],

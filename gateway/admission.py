@@ -44,6 +44,7 @@ from fleet.policy import (
     startup_estimate,
     tier_capacity,
 )
+from fleet.policy.degrade import rules_of
 from fleet.policy.fairness import fair_line
 from fleet.policy.replicas import NO_REPLICAS
 from fleet.store.admitting import Admitting, Gated, RetryBudget
@@ -54,6 +55,7 @@ from fleet.store.line import Line
 from fleet.store.replication import Ack
 from fleet.store.retries import JOINED, OTHER_BODY, Retries
 from fleet.tasks import cancel_and_wait, spawn
+from gateway.degrade import Retarget, degraded
 from gateway.errors import APIError
 from gateway.key_limits import KeyBudgetStep, RateLimitStep
 from gateway.redis_loss import caller_id
@@ -119,6 +121,7 @@ class Admission:
         self.steps: list[ReservationStep] = [RateLimitStep(cfg, redis), KeyBudgetStep(cfg, redis)]
         self.views: dict[str, TierView] = {t: TierView(tier_capacity(tc)) for t, tc in cfg.tiers.items()}
         self.admitting = Admitting(redis)
+        self.rules = rules_of(cfg.tiers) if any(tc.degrade for tc in cfg.tiers.values()) else {}
         self.retries = Retries(redis)
         b = cfg.client_clock.retry_budget
         self.retry_budget = RetryBudget(b.ratio, max(1, math.ceil(b.window_s)), b.min_per_s)
@@ -156,10 +159,39 @@ class Admission:
 
     # --- the sequence ---
 
-    async def admit(self, req: AdmissionRequest) -> Ticket | Joined:
+    async def admit(self, req: AdmissionRequest, retarget: Retarget | None = None) -> Ticket | Joined:
         """Run the reservation steps and the tier decision; a Ticket, the call a retry took over
         (`Joined`: what was reserved for it is given back, the call it joined holds its own), or
-        the typed 429."""
+        the typed 429. Refused, a call with `retarget` may be served by a smaller tier instead
+        (`gateway.degrade`): only a refusal pays for that look."""
+        try:
+            return await self._admit_at(req)
+        except APIError as e:
+            if e.status == 429:
+                if retarget is not None and self.rules:
+                    got = await degraded(req, e, retarget, self.rules, self._admit_degraded, self.redis,
+                                         self.cfg.namespace)
+                    if got is not None:
+                        return got
+                self._shed(req, e)
+            raise
+
+    def _shed(self, req: AdmissionRequest, e: APIError) -> None:
+        """A 429 its caller is told: counted (its outcome, shed, by its `Call`), and the retry it
+        asks for invited: it spends no retry budget."""
+        metrics.SHED.labels(req.tier, req.priority.name, e.code or "at_capacity").inc()
+        if req.attempt.identity and e.headers.get("x-should-retry") == "true":
+            wait_ms = int(e.headers.get("retry-after-ms", "1000")) + INVITED_SLACK_MS
+            spawn(self.retries.refused(self.keys[req.tier], req.attempt.identity, req.attempt.digest, wait_ms))
+
+    async def _admit_degraded(self, req: AdmissionRequest) -> Ticket:
+        got = await self._admit_at(req)
+        assert isinstance(got, Ticket)  # its attempt joins nothing: it passed the retry gate where it asked
+        return got
+
+    async def _admit_at(self, req: AdmissionRequest) -> Ticket | Joined:
+        """One tier's whole sequence: the reservation steps, then its decision; what was taken is
+        given back on a refusal."""
         taken: list[Reservation] = []
         try:
             for step in self.steps:
@@ -170,15 +202,8 @@ class Admission:
             if isinstance(ticket, Joined):
                 await end_all(taken, None)
                 return ticket
-        except APIError as e:
+        except APIError:
             await end_all(taken, None)
-            if e.status == 429:  # its outcome (shed) is counted by its `Call`
-                metrics.SHED.labels(req.tier, req.priority.name, e.code or "at_capacity").inc()
-                if req.attempt.identity and e.headers.get("x-should-retry") == "true":
-                    # The retry this refusal asks for is invited: it spends no retry budget.
-                    wait_ms = int(e.headers.get("retry-after-ms", "1000")) + INVITED_SLACK_MS
-                    spawn(self.retries.refused(self.keys[req.tier], req.attempt.identity, req.attempt.digest,
-                                               wait_ms))
             raise
         except BaseException:
             # Redis away or the deadline's bound reached: releasing must not hold the caller's

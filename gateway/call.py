@@ -31,12 +31,16 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
+import orjson
 from redis.exceptions import RedisError
 
 from fleet import metrics
 from fleet.config import Priority
+from fleet.degrade_config import DegradeWish
 from fleet.outcome import Outcome, infer_outcome, recorded_in_line
+from fleet.policy import default_max_tokens
 from fleet.policy.client_clock import CallClock
+from fleet.policy.degrade import DegradeAsk
 from fleet.policy.retries import call_identity
 from fleet.prefix import affinity_key
 from fleet.store.admitting import Attempt
@@ -72,6 +76,7 @@ class CallHeaders:
     flow: str = ""  # its flow within its class in a fair tier (`gateway.call_spec.call_flow`)
     idempotency_key: str | None = None  # `Idempotency-Key`: its identity for a retry (`fleet.policy.retries`)
     chain_deadline_ms: int | None = None  # `X-Chain-Deadline-Ms`: sets its chain's deadline if it has none
+    degrade: DegradeWish | None = None  # `X-Fleet-Degrade` (docs/degrade.md)
 
     @property
     def deadline_ms(self) -> int:
@@ -89,6 +94,9 @@ class Call:
         self.flow = headers.flow or f"key:{caller.name}"
         self.rid = rid or uuid.uuid4().hex
         self.line = gw.lines[spec.tier]
+        self.asked_tier = spec.tier  # the tier it named; `spec.tier` is the one serving it (`gateway.degrade`)
+        self.degrade_wish = headers.degrade
+        self.degraded_from = self.degrade_reason = ""
         self.deadline_at = asyncio.get_running_loop().time() + self.deadline_ms / 1000
         self.created = int(time.time())
         self.rec = RequestRecorder(spec.tier, self.priority.name)
@@ -110,7 +118,15 @@ class Call:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-request-id": self.rid, "x-fleet-tier": self.spec.tier, "x-fleet-priority": self.priority.name}
+        h = {"x-request-id": self.rid, "x-fleet-tier": self.spec.tier, "x-fleet-priority": self.priority.name}
+        if self.degraded_from:
+            h["x-fleet-degraded-from"], h["x-fleet-degrade-reason"] = self.degraded_from, self.degrade_reason
+        return h
+
+    def model_named(self, asked: str) -> str:
+        """The `model` an answer names when its engine names none: what the caller asked, or the
+        tier that served it when it was degraded."""
+        return self.spec.tier if self.degraded_from else asked
 
     async def __aenter__(self) -> Call:
         return self
@@ -164,7 +180,7 @@ class Call:
 
     @property
     def chain_member(self) -> str:
-        return f"{self.spec.tier}|{self.rid}"
+        return f"{self.asked_tier}|{self.rid}"
 
     async def _join(self) -> None:
         """Admission (rate limits, budgets, the tier's drain and the deadline: a typed 429 with
@@ -178,11 +194,14 @@ class Call:
             rid=self.rid, caller=self.caller, tier=spec.tier, priority=self.priority, deadline_ms=self.deadline_ms,
             clock=self.clock, prompt_tokens=spec.prompt_tokens, max_tokens=spec.max_tokens,
             expected_output_tokens=output, attempt=attempt, opens_chain=self.opens_chain,
-            place=self._place(output, weight)))
+            place=self._place(output, weight)), self)
         if isinstance(got, Joined):
             self.follow(got.rid)
             return
         self.ticket = got
+        if got.req.degraded_from:
+            self._served_by(got.req)
+            spec = self.spec
         # Watched before it joins the line, so the reader takes the stream in while the enqueue runs
         # (which rings the reader itself when its read in flight must be told: `Watch.wake`).
         self.watch = watch = self.gw.results.watch(self.line, self.rid, ring=False)
@@ -194,13 +213,48 @@ class Call:
             raise
         self.events = events(self.watch, self.line, self.deadline_at, drop=not self.retryable)
 
-    def _place(self, output: int, weight: float) -> Place | None:
+    # --- degrade before shedding (`gateway.degrade.Retarget`) ---------------------------------
+
+    def ask(self, reason: str) -> DegradeAsk:
+        key = self.caller.key
+        return DegradeAsk(self.spec.tier, reason, self.priority, model=self.spec.body.model, wish=self.degrade_wish,
+                          key=key.degrade if key else "tier",
+                          key_tiers=frozenset(key.tiers) if key and key.tiers is not None else None)
+
+    def request(self, first: AdmissionRequest, tier: str, reason: str) -> AdmissionRequest | None:
+        """The same call for `tier`: its output bound, estimate and fair place there; the retry gate
+        passed where it asked. None when its max_tokens is over that tier's limit."""
+        tc = self.gw.cfg.tiers[tier]
+        max_tokens = self.spec.body.wanted_tokens(default_max_tokens(tc))
+        if max_tokens > tc.max_tokens_limit:
+            return None
+        output = self.gw.admission.views[tier].capacity.output_estimate(self.spec.explicit_max_tokens)
+        weight = self.caller.key.weight if self.caller.key else 1.0
+        return replace(first, tier=tier, max_tokens=max_tokens, expected_output_tokens=output,
+                       attempt=Attempt(taken_ms=self.deadline_ms), place=self._place(output, weight, tier),
+                       degraded_from=first.tier, degrade_reason=reason)
+
+    def _served_by(self, req: AdmissionRequest) -> None:
+        """Served by `req.tier` instead of the tier it named: the body kept whole but for its
+        model, the target's output bound, its line. Its retry joins nothing (its SDK's retry asks
+        the first tier again), so its client leaving cancels it."""
+        spec = self.spec
+        raw = orjson.loads(spec.raw)
+        raw["model"] = req.tier
+        self.spec = replace(spec, tier=req.tier, raw=orjson.dumps(raw), max_tokens=req.max_tokens,
+                            body=spec.body.model_copy(update={"model": req.tier}))
+        self.line = self.gw.lines[req.tier]
+        self.rec = RequestRecorder(req.tier, self.priority.name)
+        self.degraded_from, self.degrade_reason = req.degraded_from, req.degrade_reason
+        self.retryable = False
+
+    def _place(self, output: int, weight: float, tier: str | None = None) -> Place | None:
         """Where it goes in its class of a fair tier. A call of a chain under way is not a flow that
         is ahead of the others: its chain waits on each call in turn, so what its earlier calls were
         served is forgiven (it starts at the class's clock, as a new chain does) and new chains
         do not pass it; calls of it still waiting keep it behind them."""
         spec = self.spec
-        place = fair_place(self.gw.cfg, spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
+        place = fair_place(self.gw.cfg, tier or spec.tier, self.flow, prompt_tokens=spec.prompt_tokens,
                            output_tokens=output, weight=weight)
         if place is not None and self.chain and not self.opens_chain:
             place = replace(place, half_life_s=FORGIVEN_S)

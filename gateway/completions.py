@@ -29,6 +29,7 @@ from gateway.request import (
     parse_chain_deadline,
     parse_chain_id,
     parse_deadline,
+    parse_degrade,
     parse_idempotency_key,
     read_json,
     sdk_clock,
@@ -81,7 +82,8 @@ async def read_call(request: Request, kind: Kind, cfg: FleetConfig,
         flow = call_flow(chain, request.headers, cfg.fair_line.session_headers, caller.key.name if caller.key else None,
                          request.client.host if request.client else None)
         headers = CallHeaders(prio, call_clock_of(request, cfg, spec.stream), chain, flow,
-                              parse_idempotency_key(request), parse_chain_deadline(request) if chain else None)
+                              parse_idempotency_key(request), parse_chain_deadline(request) if chain else None,
+                              parse_degrade(request))
     except (APIError, RedisError) as e:
         count_refused(tier, priority, e)
         raise

@@ -90,7 +90,7 @@ async def _create(request: Request) -> Response:
         async with Call(gw, spec, caller, headers, ClientWatch(request.receive)) as call:
             first = await call.first()
             if spec.stream:
-                head = head_of(msg_id, body.model, spec.prompt_tokens)
+                head = head_of(msg_id, call.model_named(body.model), spec.prompt_tokens)
                 return stream(call, first, MessagesRender(head, body.stop_sequences))
             return await whole(call, first, body, msg_id)
     except ClientGone:  # ended as cancelled; nobody reads this
@@ -118,7 +118,8 @@ async def whole(call: Call, first: Done | Chunk, body: MessagesBody, msg_id: str
 
     async def make(call: Call, done: Done) -> Response:
         content = content_blocks((done.choice or {}).get("message") or {})
-        message = message_object(msg_id, done.model or body.model, content, done, body.stop_sequences)
+        message = message_object(msg_id, done.model or call.model_named(body.model), content, done,
+                                 body.stop_sequences)
         return Response(orjson.dumps(message), media_type="application/json", headers=call.headers)
 
     return await answer_whole(call, first, make)

@@ -141,8 +141,10 @@ def parse_degrade(request: Request) -> DegradeWish | None:
     raw = request.headers.get("x-fleet-degrade")
     if raw is None:
         return None
-    if raw == "allow" or raw == "never":
-        return raw
+    if raw == "allow":
+        return "allow"
+    if raw == "never":
+        return "never"
     raise APIError(400, f"X-Fleet-Degrade must be allow or never, got {quoted(raw)}", param="X-Fleet-Degrade",
                    code="invalid_degrade")
 

@@ -15,7 +15,7 @@ response can read, continue or delete it; to any other key it does not exist (40
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -81,6 +81,8 @@ async def create(request: Request) -> Response:
     try:
         async with Call(gw, spec, caller, headers, ClientWatch(request.receive)) as call:
             first = await call.first()
+            if call.degraded_from:  # the Response names the tier that served it (docs/degrade.md)
+                turn = replace(turn, body=turn.body.model_copy(update={"model": call.spec.tier}))
             if spec.stream:
                 head = response_object(turn.id, turn.body, turn.created_at)
                 return stream(call, first, ResponsesRender(head, lambda out, done: keep(gw, turn, out, done)))

@@ -144,6 +144,10 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
                         **{c: snap.counters.get(f"preempted:{c}", 0) for c in CLASSES}},
         "tokens": {"prompt": snap.counters.get("prompt_tokens", 0),
                    "completion": snap.counters.get("completion_tokens", 0)},
+        # Calls this tier refused and a smaller one served (out), and those it served for a larger
+        # one (in): docs/degrade.md. Where it goes: its rule's target.
+        "degraded": {"out": snap.counters.get("degraded_out", 0), "in": snap.counters.get("degraded_in", 0),
+                     "to": tc.degrade.to if tc.degrade else None},
     }
 
 

@@ -57,6 +57,8 @@ class AdmissionRequest:
     place: Place | None = None  # its flow and cost in a fair tier (`gateway.call_spec.fair_place`)
     attempt: Attempt = field(default_factory=Attempt)  # who it is for the retry gate (`fleet.store.retries`)
     opens_chain: bool = False  # the first call of a new chain: shed before chains under way
+    degraded_from: str = ""  # the tier the caller asked for, which refused it (`gateway.degrade`)
+    degrade_reason: str = ""  # that tier's refusal
 
     @property
     def estimated_tokens(self) -> int:

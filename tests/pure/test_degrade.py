@@ -67,7 +67,7 @@ def test_a_key_sets_its_calls_default_or_forbids_degrading() -> None:
     assert ApiKey(name="k", sha256=digest).degrade == "tier"
     assert ApiKey(name="k", sha256=digest, degrade="forbid").degrade == "forbid"
     with pytest.raises(ValueError, match="degrade"):
-        ApiKey(name="k", sha256=digest, degrade="sometimes")  # type: ignore[arg-type]
+        ApiKey(name="k", sha256=digest, degrade="sometimes")
 
 
 # --- the decision -----------------------------------------------------------------------------------
@@ -170,5 +170,5 @@ def test_properties_of_every_decision(a: DegradeAsk, rules: dict[str, Degrade | 
     for hop in judged[:-1]:
         rule = rules[hop]
         assert rule is not None and rule.chain
-    assert will(a.wish, a.key) != "never"  # type: ignore[arg-type]
+    assert will(a.wish, a.key) != "never"
     assert got.reason == a.reason  # what the caller is told is the first refusal's reason
