@@ -308,8 +308,10 @@ def _key_or_exit(cfg: FleetConfig, **fields: Any) -> Any:
 @click.option("--budget-usd", type=float, default=None, help="Dollar budget for the key's lifetime.")
 @click.option("--admin", is_flag=True, help="May call fleet-control endpoints (pre-warm).")
 @click.option("--read-status", is_flag=True, help="May read /v1/fleet/status and /metrics.")
+@click.option("--degrade", type=click.Choice(["tier", "allow", "never", "forbid"]), default="tier", show_default=True,
+              help="Its calls' default without X-Fleet-Degrade; forbid: never, whatever the header (docs/degrade.md).")
 def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: str, rpm: int | None,
-             tpm: int | None, budget_usd: float | None, admin: bool, read_status: bool) -> None:
+             tpm: int | None, budget_usd: float | None, admin: bool, read_status: bool, degrade: str) -> None:
     """Create a key; its secret is printed once and only its sha256 is stored."""
     import hashlib
 
@@ -321,7 +323,7 @@ def keys_add(name: str, tiers: str | None, default_priority: str, max_priority: 
     key = _key_or_exit(cfg, name=name, sha256=hashlib.sha256(secret.encode()).hexdigest(),
                        tiers=[t.strip() for t in tiers.split(",")] if tiers is not None else None,
                        default_priority=default_priority, max_priority=max_priority, rpm=rpm, tpm=tpm,
-                       budget_usd=budget_usd, admin=admin, read_status=read_status)
+                       budget_usd=budget_usd, admin=admin, read_status=read_status, degrade=degrade)
     r, namespace = _stored_keys()
     try:
         add_stored_key(r, namespace, key, taken=[k.name for k in cfg.keys])
@@ -341,7 +343,7 @@ def keys_list() -> None:
     for k in got.keys:
         click.echo(f"{k.name}\ttiers={','.join(k.tiers) if k.tiers else 'all'}\tdefault={k.default_priority}"
                    f"\tmax={k.max_priority}\trpm={k.rpm}\ttpm={k.tpm}\tbudget_usd={k.budget_usd}"
-                   f"\tadmin={k.admin}\tread_status={k.read_status}")
+                   f"\tadmin={k.admin}\tread_status={k.read_status}\tdegrade={k.degrade}")
     for bad in got.invalid:
         click.echo(f"fleet: invalid stored key {bad}", err=True)
 

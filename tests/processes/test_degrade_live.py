@@ -9,6 +9,8 @@ unchanged."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet.store.key_budget import KeyBudget
-from tests.harness import Fleet, serving, wait_until
+from tests.harness import ROOT, Fleet, serving, wait_until
 
 CONFIG = Path(__file__).resolve().parent.parent / "fleet-degrade.yaml"
 MESSAGES = [{"role": "user", "content": "draft a speculative branch"}]
@@ -156,3 +158,29 @@ def test_a_key_at_its_budget_is_not_served_by_the_cheaper_tier(fleet: Fleet) -> 
 def test_a_bad_degrade_header_is_a_typed_400(fleet: Fleet) -> None:
     r = post(fleet, "speculative", **{"X-Fleet-Degrade": "maybe"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_degrade"
+
+
+def test_a_stored_keys_degrade_default_and_forbid(fleet: Fleet) -> None:
+    """`fleet keys add --degrade`: `allow` degrades its interactive calls too (the class list is
+    lifted; committed never), `forbid` keeps them refused whatever the header."""
+    def add(name: str, degrade: str) -> str:
+        got = subprocess.run([sys.executable, "-m", "fleetctl", "keys", "add", name, "--degrade", degrade],
+                             env=fleet.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        return got.stdout.strip()
+
+    eager, never = add("eager", "allow"), add("never-ever", "forbid")
+    wait_until(lambda: post(fleet, "interactive", key=eager).status_code != 401, 10, what="the stored key known")
+    r = post(fleet, "interactive", key=eager)
+    assert r.status_code == 200 and r.headers["x-fleet-degraded-from"] == "planner", r.text
+    assert post(fleet, "committed", key=eager).headers["x-fleet-tier"] == "planner"  # committed never degrades
+    wait_until(lambda: post(fleet, "speculative", key=never).status_code != 401, 10, what="the stored key known")
+    assert_planner_refusal(post(fleet, "speculative", key=never, **{"X-Fleet-Degrade": "allow"}))
+
+
+def test_a_messages_api_call_names_the_serving_tier(fleet: Fleet) -> None:
+    r = httpx.post(f"{fleet.base_url}/v1/messages", timeout=30,
+                   headers={"x-api-key": "sk-desk", "anthropic-version": "2023-06-01", "X-Priority": "background"},
+                   json={"model": "planner", "max_tokens": 8, "messages": [{"role": "user", "content": "sum up"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "analysis" and r.headers["x-fleet-degraded-from"] == "planner"
