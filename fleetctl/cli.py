@@ -258,13 +258,17 @@ def prewarm(tier: str, floor: int, duration: str, url: str, api_key: str) -> Non
 @click.option("--seed", default=None, type=int, help="Random seed for the arrivals (default: the scenario's).")
 @click.option("--timeline", default=200, show_default=True, type=int, help="Decisions to print (0: none).")
 @click.option("--no-affinity", is_flag=True, help="Replay with prefix-affine claims off in every tier.")
+@click.option("--no-degrade", is_flag=True, help="Replay without the tiers' degrade rules (docs/degrade.md).")
+@click.option("--degrade-from", default=None, type=click.Path(dir_okay=False),
+              help="Replay with each tier's degrade rule taken from this fleet config (e.g. configs/fleet.yaml).")
 def simulate(scenario: str, policy: str, compare: bool, as_json: bool, plot_path: str | None, seed: int | None,
-             timeline: int, no_affinity: bool) -> None:
+             timeline: int, no_affinity: bool, no_degrade: bool, degrade_from: str | None) -> None:
     """Replay a scenario through the real policy in simulated time (see configs/scenarios/)."""
     from fleetctl.simulate import run_simulate
 
     sys.exit(run_simulate(scenario, policy=policy, compare=compare, as_json=as_json, plot_path=plot_path,
-                          seed=seed, timeline=timeline, affinity=not no_affinity))
+                          seed=seed, timeline=timeline, affinity=not no_affinity, degrade=not no_degrade,
+                          degrade_from=degrade_from))
 
 
 @main.group()

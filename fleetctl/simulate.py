@@ -27,17 +27,30 @@ from simulator.run import UnknownPolicy, make_policy, simulate
 from simulator.scenario import ScenarioError, load_scenario
 
 
-def _scenario(path: str, policy: str, affinity: bool) -> Any:
-    """The scenario to replay (affinity off where asked), or None after saying what is wrong."""
+def _scenario(path: str, policy: str, affinity: bool, degrade: bool = True, degrade_from: str | None = None) -> Any:
+    """The scenario to replay (affinity off, degrade rules off or taken from another config,
+    where asked), or None after saying what is wrong."""
+    from fleet.config import ConfigError, load_config
+    from fleet.degrade_config import degrade_problems
+
     try:
         sc = load_scenario(path)
         make_policy(policy)
-    except (ScenarioError, UnknownPolicy) as e:
+        if degrade_from is not None:  # each tier of the scenario gets the rule of its namesake there
+            rules = {t: tc.degrade for t, tc in load_config(degrade_from).tiers.items()}
+            for t, tc in sc.cfg.tiers.items():
+                tc.degrade = rules.get(t)
+            if bad := degrade_problems(sc.cfg.tiers):
+                raise ScenarioError(f"--degrade-from {degrade_from}: " + "; ".join(bad))
+    except (ScenarioError, UnknownPolicy, ConfigError) as e:
         click.echo(f"fleet: {e}", err=True)
         return None
     if not affinity:  # the comparison: calls go to the least busy replica, wherever their prefix is cached
         for tc in sc.cfg.tiers.values():
             tc.affinity = tc.affinity.model_copy(update={"enabled": False})
+    if not degrade:  # the comparison: a call its tier refuses is shed, never served by a smaller tier
+        for tc in sc.cfg.tiers.values():
+            tc.degrade = None
     return sc
 
 
@@ -110,13 +123,13 @@ def _echo_flows(doc: dict[str, Any]) -> None:
 
 def run_simulate(path: str, *, policy: str = "fleet", compare: bool = False, as_json: bool = False,
                  plot_path: str | None = None, seed: int | None = None, timeline: int | None = 200,
-                 affinity: bool = True) -> int:
+                 affinity: bool = True, degrade: bool = True, degrade_from: str | None = None) -> int:
     """Replay a scenario; print the outcome (or JSON); return the exit status.
 
     Exit 1 when the scenario's `expect:` checks fail, so a scenario can gate a
     config change in CI; 2 for a bad scenario or policy name.
     """
-    sc = _scenario(path, policy, affinity)
+    sc = _scenario(path, policy, affinity, degrade, degrade_from)
     if sc is None:
         return 2
     seed = sc.spec.seed if seed is None else seed

@@ -35,6 +35,7 @@ from fleet.policy.retries import retry_allowed
 from fleet.policy.sdk_client import retries_refusal, retry_wait_s
 from simulator.arrivals import Call
 from simulator.client_spec import ClientSpec
+from simulator.degrade import Degrader
 from simulator.events import CLIENT
 from simulator.state import FINISHED, QUEUED, RUNNING, ChainRun, Req, TierSim
 
@@ -47,6 +48,7 @@ class Replay(Protocol):
 
     t: float
     tiers: dict[str, TierSim]
+    degrader: Degrader
 
     def call_answered(self, ch: ChainRun | None, stage: int, idx: int) -> None: ...
 
@@ -155,7 +157,8 @@ class Clients:
         if deadline_s <= 0:
             self._fail(sc, "expired")  # its chain's deadline has passed
             return
-        out = tier.outcomes[sc.call.cls]
+        call = sc.call
+        out = tier.outcomes[call.cls]
         out.arrived += 1
         tier.offered += 1
         if self.policy.sheds:
@@ -163,12 +166,16 @@ class Clients:
             opens = self.on and sc.chain is not None and sc.stage == 0  # a chain with no call served or open
             d = self.policy.decide(obs, tier.tc, _PRIORITIES[sc.call.cls], sc.call.prompt, judged_s,
                                    patience_s=patience_s, opens_chain=opens)
-            if not d.admitted:
+            moved = None if d.admitted else self.sim.degrader.target(t, call, d.reason or "", judged_s)
+            if not d.admitted and moved is None:
                 out.shed[d.reason] = out.shed.get(d.reason, 0) + 1
                 self._refused(sc, tier, d.reason or "drain_exceeded", d.retry_after_s, final=d.final, left=left)
                 return
+            if moved is not None:  # served by a smaller tier; its SDK's retry would ask the first again
+                call, tier = moved
+                out = tier.outcomes[call.cls]
         out.accepted += 1
-        req = Req(sc.call, tier, t, t + deadline_s, sc.chain, sc.stage, sc.idx)
+        req = Req(call, tier, t, t + deadline_s, sc.chain, sc.stage, sc.idx)
         req.sdk, sc.req = sc, req
         self.serving.enqueue(tier, req)
         self._arm(sc)

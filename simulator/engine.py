@@ -29,6 +29,7 @@ from fleet.config import CLASSES, Priority
 from fleet.policy import TierObservation, arrival_rate, drain_s, rate
 from simulator.arrivals import Arrival, Call, ChainArrival, Trace
 from simulator.clients import Clients, summary
+from simulator.degrade import Degrader
 from simulator.events import ABORT, CLIENT, DECODED, EXPIRE, PREFILLED, READY, TICK, EventQueue
 from simulator.gpus import SimGpus
 from simulator.line import FlowShares
@@ -60,6 +61,9 @@ class Simulator:
                       for name, tc in self.cfg.tiers.items()}
         self.chain_times: list[float] = []  # arrival to last call's end, of each chain completed
         self.serving = Serving(self.events, self, SimGpus(self.cfg.gpus), shares)
+        # A call its tier refuses may be served by a smaller one (`simulator.degrade`), where the policy sheds.
+        self.degrader = Degrader(self.tiers, lambda obs, tier, prio, prompt, dl:
+                                 policy.admit(obs, tier.tc, prio, prompt, dl) if policy.sheds else None)
         # Callers with an SDK client (`simulator.clients`): timeouts, retries, and what the gateway does with them.
         self.clients = Clients(self, self.serving, policy, scenario.spec.seed if seed is None else seed,
                                self.cfg.default_deadline_ms, self.cfg.client_clock)
@@ -98,11 +102,15 @@ class Simulator:
         if self.policy.sheds:
             obs = tier.observation(self.t, fresh=False, call=call)  # a fair tier: what goes before it
             reason = self.policy.admit(obs, tier.tc, _PRIORITIES[call.cls], call.prompt, deadline_s)
-            if reason is not None:
+            moved = None if reason is None else self.degrader.target(self.t, call, reason, deadline_s)
+            if reason is not None and moved is None:
                 out.shed[reason] = out.shed.get(reason, 0) + 1
                 if chain is not None:
                     self.chain_end(chain, "shed", reason)
                 return
+            if moved is not None:  # served by a smaller tier: accepted, waiting and billed there
+                call, tier = moved
+                out = tier.outcomes[call.cls]
         out.accepted += 1
         self.serving.enqueue(tier, Req(call, tier, self.t, self.t + deadline_s, chain, stage, idx,
                                        None if stated else tier.wait_goal[call.cls]))

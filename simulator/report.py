@@ -55,6 +55,14 @@ def budget_use(r: SimResult) -> dict[str, float]:
             for t, b in r.budget.items() for w, v in b.items()}
 
 
+def _extras(o: Any) -> dict[str, Any]:
+    """A class's counts shown only when there are any: cancelled, unheard, and degraded (refused
+    here and served by a smaller tier, by reason and by target; served here for a larger one)."""
+    return {**({"cancelled": o.cancelled} if o.cancelled else {}), **({"unheard": o.unheard} if o.unheard else {}),
+            **({"degraded": dict(sorted(o.degraded.items())), "degraded_to": dict(sorted(o.degraded_to.items()))}
+               if o.degraded else {}), **({"degraded_in": o.degraded_in} if o.degraded_in else {})}
+
+
 def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
     """The replay as one plain dict (what --json prints): per tier and class, outcomes and
     latencies; per tier, replica-hours, spend and budget windows; goodput; the timeline."""
@@ -68,7 +76,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
         classes: dict[str, Any] = {}
         useful = 0
         for cls, o in zip(CLASSES, t.outcomes, strict=True):
-            if not o.arrived:
+            if not o.arrived and not o.degraded_in:
                 continue
             unfinished = o.accepted - o.completed - o.expired_waiting - o.expired_running - o.cancelled - o.unheard
             classes[cls] = {
@@ -78,7 +86,7 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "preempted": o.preempted,
                 "within_objective": o.within_objective,
                 "unfinished_at_end": unfinished,
-                **({"cancelled": o.cancelled} if o.cancelled else {}), **({"unheard": o.unheard} if o.unheard else {}),
+                **_extras(o),
                 "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
                 "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
                 "tpot_s": {"p50": _num(pct(o.tpots, 0.5), 4), "p99": _num(pct(o.tpots, 0.99), 4)},
@@ -212,10 +220,11 @@ def checks(r: SimResult, bound_hours: float | None = None,
                     f"{c.get('timed_out', 0)} timed out, {c.get('shed', 0)} shed of {c.get('started', 0)}"))
     for tier, cls in (exp.get("shed_by_budget") or {}).items():
         o = r.tiers[tier].outcomes[CLASSES.index(cls)]
-        n = o.shed.get("budget_exhausted", 0)
+        n = o.shed.get("budget_exhausted", 0) + o.degraded.get("budget_exhausted", 0)  # refused there either way
         committed = r.tiers[tier].outcomes[0].shed.get("budget_exhausted", 0)
-        out.append((f"{tier} {cls} shed with budget_exhausted, committed not", n > 0 and committed == 0,
-                    f"{n} {cls} shed by budget, {committed} committed"))
+        out.append((f"{tier} {cls} shed (or degraded) with budget_exhausted, committed not", n > 0 and committed == 0,
+                    f"{n} {cls} refused by budget ({o.degraded.get('budget_exhausted', 0)} of them degraded), "
+                    f"{committed} committed"))
     if exp.get("within_budget"):
         over = [f"{t}/{w}: ${v['spent_usd']:.2f} > ${v['budget_usd']:.2f}" for t, b in r.budget.items()
                 for w, v in b.items() if not v["within"]]
@@ -266,11 +275,12 @@ def render_summary(s: dict[str, Any], *, timeline_limit: int | None = 200) -> st
     for tier, t in s["tiers"].items():
         for cls, c in t["classes"].items():
             shed = ", ".join(f"{k} {v}" for k, v in c["shed"].items()) or "-"
-            rows.append([f"{tier}/{cls}", str(c["arrived"]), str(c["completed"]), shed, str(c["expired"]),
+            moved = ", ".join(f"{k} {v}" for k, v in c.get("degraded_to", {}).items()) or "-"
+            rows.append([f"{tier}/{cls}", str(c["arrived"]), str(c["completed"]), shed, moved, str(c["expired"]),
                          _f(c["wait_s"]["p50"]), _f(c["wait_s"]["p99"]), _f(c["ttft_s"]["p50"]),
                          _f(c["ttft_s"]["p99"]), _f(c["tpot_s"]["p50"], 4), _f(c["tpot_s"]["p99"], 4)])
-    out.append(_table(["tier/class", "arrived", "completed", "shed (reason n)", "expired", "wait p50",
-                       "wait p99", "ttft p50", "ttft p99", "tpot p50", "tpot p99"], rows))
+    out.append(_table(["tier/class", "arrived", "completed", "shed (reason n)", "degraded (to n)", "expired",
+                       "wait p50", "wait p99", "ttft p50", "ttft p99", "tpot p50", "tpot p99"], rows))
     preempted = [f"{tier}/{cls} {c['preempted']}" for tier, t in s["tiers"].items()
                  for cls, c in t["classes"].items() if c.get("preempted")]
     if preempted:

@@ -117,6 +117,11 @@ class Outcome:
     arrived: int = 0
     within_objective: int = 0  # completed within the call's objective (`simulator.objectives`)
     wait_objective: int = 0  # arrived whose objective is the class's wait limit (no deadline stated)
+    # Refused here and served by a smaller tier instead (`simulator.degrade`): by reason, by target;
+    # and those this tier served for a larger one (also in its `accepted`).
+    degraded: dict[str, int] = field(default_factory=dict)
+    degraded_to: dict[str, int] = field(default_factory=dict)
+    degraded_in: int = 0
 
 
 class TierSim:

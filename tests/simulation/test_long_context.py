@@ -178,7 +178,9 @@ def _flood(minutes: int = 10) -> Any:
     return parse_scenario({
         "start": "2026-11-30T14:00:00", "timezone": "America/New_York", "duration": f"{minutes}m", "seed": 5,
         "fleet_config": "configs/fleet.yaml",
-        "fleet": {"tiers": {"analysis": {"warm_floor": 1, "max_replicas": 20, "prewarm": [], "budget": {
+        # Degrade off: the flood is to be refused, not served by routing (docs/degrade.md).
+        "fleet": {"tiers": {"analysis": {"warm_floor": 1, "max_replicas": 20, "prewarm": [], "degrade": None,
+                                         "budget": {
             "daily_usd": 900, "timezone": "America/New_York",
             "windows": [{"name": "flood", "cron": "0 14 * * 1-5", "duration_s": minutes * 60, "usd": 1.5}]}}}},
         "deadlines_ms": {"committed": 60000, "background": 120000},
