@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -34,10 +35,37 @@ def redis_url() -> Iterator[str]:
         server.stop()
 
 
+# The session's Redis Cluster, started in the background once collection shows a test will use it.
+_cluster: Future[PrivateCluster] | None = None
+
+
+def _on_cluster(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return ("redis_cluster_url" in getattr(item, "fixturenames", ())
+            or (callspec is not None and callspec.params.get("store_url") == "cluster"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the Redis Cluster as soon as the run is known to need it: its ~2 s of joining (mostly
+    waits) overlap the tests that run before the first one on it, instead of delaying that one."""
+    global _cluster
+    if _cluster is None and any(_on_cluster(item) for item in session.items):
+        pool = ThreadPoolExecutor(1, thread_name_prefix="cluster-start")
+        _cluster = pool.submit(PrivateCluster().start)
+        pool.shutdown(wait=False)  # the thread ends with the start
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A cluster started for tests that never ran (deselected, -x) is stopped all the same."""
+    if _cluster is not None and _cluster.exception() is None:  # waits for a start under way
+        _cluster.result().stop()  # after the fixture's own stop, a second finds nothing alive
+
+
 @pytest.fixture(scope="session")
 def redis_cluster_url() -> Iterator[str]:
-    """A private Redis Cluster (3 masters + 3 replicas) for the session, started on first use."""
-    cluster = PrivateCluster().start()
+    """A private Redis Cluster (3 masters + 3 replicas) for the session: the one started in the
+    background after collection, else (a test collected otherwise) one started now."""
+    cluster = _cluster.result() if _cluster is not None else PrivateCluster().start()
     try:
         yield cluster.url
     finally:
