@@ -29,7 +29,7 @@ from fleet.store.keys import TierKeys
 # another slot (another tier's, say) fails the script with "Script attempted to
 # access keys that do not hash to the same slot", where a script without it
 # would silently work whenever both slots happen to live on one node. Needs
-# Redis >= 7.0. tests/processes/test_cluster_line.py checks every registered script starts so.
+# Redis >= 7.0. tests/pure/test_store_scripts_declared.py checks every registered script starts so.
 SHEBANG = "#!lua\n"
 
 # Redis's clock: `now`, and `n2s` for every number bound for Redis.
