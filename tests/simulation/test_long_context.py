@@ -229,7 +229,7 @@ def test_json_carries_both_bounds_and_the_ratio_uses_the_served_one(tmp_path: Pa
 
 # Replays of a minute or more of wall time each (five policies): there the bound is checked
 # against the fleet's policy alone, which is what bound_ratio reports; `make test` stays in budget.
-LONG_REPLAYS = {"market-open", "budget-runs-out", "agent-swarm-fair", "steady-evening", "azure-conv"}
+LONG_REPLAYS = {"market-open", "budget-runs-out", "agent-swarm-fair", "steady-evening", "azure-conv", "retry-storm"}
 
 
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
