@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.engine_config import EngineName
 from fleet.store.events import Done
 from gateway.errors import APIError
 from gateway.schemas import MAX_MESSAGES, MAX_MODEL_NAME, MAX_TOOLS, MAX_USER_CHARS
@@ -222,7 +223,7 @@ def chat_messages(body: CountBody) -> list[dict[str, Any]]:
     return out
 
 
-def chat_body(body: CountBody, engine: str = "sim", max_tokens: int | None = None) -> dict[str, Any]:
+def chat_body(body: CountBody, engine: str = EngineName.SIM, max_tokens: int | None = None) -> dict[str, Any]:
     """The chat completion request a Messages request runs as (see the module doc). `engine` is
     the tier's: top_k and thinking go only where the engine takes them. `max_tokens` is the bound
     the call runs with (the caller's, cut to the tier's limit by the route)."""
@@ -252,7 +253,7 @@ def _sampling(body: MessagesBody, engine: str, chat: dict[str, Any]) -> None:
             chat[key] = getattr(body, key)
     if body.ignore_eos:
         chat["ignore_eos"] = True
-    if engine == "vllm":  # vLLM's sampling and chat template take these; OpenAI's API does not
+    if engine == EngineName.VLLM:  # vLLM's sampling and chat template take these; OpenAI's API does not
         if body.top_k is not None and body.top_k > 0:
             chat["top_k"] = body.top_k
         if isinstance(body.thinking, dict) and body.thinking.get("type") in ("enabled", "adaptive", "disabled"):
