@@ -3,6 +3,7 @@
 A render (`gateway.answers.Render`) over the same events a chat stream reads, in Anthropic's order:
 
     message_start                                   (the message, empty, before the first block)
+    ping                                            (as Anthropic's own streams send one there)
     content_block_start                             (a block opens: thinking, text, tool_use)
       content_block_delta*                          (thinking_delta, text_delta, input_json_delta)
     content_block_stop                              (it closes: the next one opens, or the end)
@@ -65,7 +66,9 @@ class MessagesRender:
             return b""
         self.started = True
         head = self.head if model is None else {**self.head, "model": model}
-        return self._event("message_start", message=head)
+        # Anthropic's own streams send a ping after the start; clients that read the raw events
+        # (not the SDKs, which skip it) expect one there.
+        return self._event("message_start", message=head) + self._event("ping")
 
     def _delta(self, kind: str, block: dict[str, Any], delta: dict[str, Any]) -> bytes:
         out = b""

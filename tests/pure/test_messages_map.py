@@ -143,16 +143,17 @@ def test_the_stream_in_anthropics_event_order() -> None:
     raw += asyncio.run(render.done(Done(1, "tool_calls", {"prompt_tokens": 12, "completion_tokens": 9})))
     ev = _events(raw)
     assert [e["type"] for e in ev] == [
-        "message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+        "message_start", "ping",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
         "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop"]
     assert ev[0]["message"]["usage"]["input_tokens"] == 12 and ev[0]["message"]["content"] == []
-    assert ev[5]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "weather", "input": {}}
-    assert "".join(e["delta"]["partial_json"] for e in ev[6:8]) == '{"city":"Oslo"}' and ev[6]["index"] == 1
-    assert ev[9]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
-    assert ev[9]["usage"]["output_tokens"] == 9
+    assert ev[6]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "weather", "input": {}}
+    assert "".join(e["delta"]["partial_json"] for e in ev[7:9]) == '{"city":"Oslo"}' and ev[7]["index"] == 1
+    assert ev[10]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert ev[10]["usage"]["output_tokens"] == 9
     failed = MessagesRender(head_of("msg_2", "routing", 1), None)
-    [start, err] = _events(failed.error(APIError(504, "deadline passed", "deadline_exceeded",
+    [start, _ping, err] = _events(failed.error(APIError(504, "deadline passed", "deadline_exceeded",
                                                  code="deadline_exceeded")))
     assert start["type"] == "message_start" and err["error"]["type"] == "timeout_error"
 
@@ -172,7 +173,7 @@ def test_reasoning_streams_as_a_thinking_block_before_the_text() -> None:
     raw = render.chunk(_chunk({"reasoning_content": "hm"})) + render.chunk(_chunk({"content": "Hi"}))
     raw += asyncio.run(render.done(Done(1, "stop", {"prompt_tokens": 3, "completion_tokens": 2},
                                         extra={"stop_reason": "END"})))
-    ev = _events(raw)
+    ev = [e for e in _events(raw) if e["type"] != "ping"]
     assert [(e["type"], e.get("content_block", e.get("delta", {})).get("type")) for e in ev[1:7]] == [
         ("content_block_start", "thinking"), ("content_block_delta", "thinking_delta"), ("content_block_stop", None),
         ("content_block_start", "text"), ("content_block_delta", "text_delta"), ("content_block_stop", None)]
