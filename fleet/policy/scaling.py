@@ -287,6 +287,10 @@ def _scale_in(state: TierState, cfg: TierConfig, bounds: Bounds, calm: tuple[flo
     calm_for = 0.0 if calm_since is None else now - calm_since
     if calm_for < cfg.scale_in_hold_s:
         return _Step("hold", "hold_period", calm_for_s=calm_for)
+    # The highest need the hold saw may be every replica there is: a calm carried in from more
+    # replicas (one died since, or was drained) says nothing smaller is enough.
+    if not bounds.over and calm_keep >= bounds.have:
+        return _Step("hold", "need_kept", calm_for_s=calm_for, need_kept=calm_keep)
     goal = min(max(bounds.floor, bounds.ceiling if bounds.over else calm_keep), bounds.have - 1)
     return _Step("scale_in", bounds.ceiling_by if bounds.over else "idle", goal - bounds.have, goal,
                  calm_for_s=calm_for, need_kept=calm_keep)
@@ -330,6 +334,8 @@ def _reason(step: _Step, state: TierState, cfg: TierConfig, demand: Demand, boun
         return f"hold: {state.starting} starting"
     if step.code == "line":
         return f"hold: line not empty ({state.waiting} waiting)"
+    if step.code == "need_kept":
+        return f"hold: the hold saw a need of {step.need_kept} (have {bounds.have})"
     if step.code == "hold_period":
         above = f" (above the {bounds.ceiling_by} ceiling {bounds.ceiling})" if bounds.over else ""
         return f"hold: calm {step.calm_for_s:.0f} s of {cfg.scale_in_hold_s:g} s before scale-in{above}"

@@ -199,6 +199,9 @@ def test_scale_in_only_after_the_hold_down_to_the_highest_need_it_saw() -> None:
                                         service_rate=20.0), CFG, NOW)
     assert (d.action, d.delta) == ("scale_in", -1) and "5 -> 4" in d.reason
     assert d.calm_keep == 3  # the new hold starts from the need now
+    # A hold that saw a need of every replica left (one died since): no step below it.
+    d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 30, calm_keep=5), CFG, NOW)
+    assert (d.action, d.code, d.reason) == ("hold", "need_kept", "hold: the hold saw a need of 5 (have 5)")
     # The hold carries its highest need from tick to tick.
     d = decide_tier(dataclasses.replace(idle, calm_since=NOW - 10, calm_keep=1, arrival_rate=20.0,
                                         service_rate=20.0), CFG, NOW)
