@@ -104,6 +104,7 @@ class CallerStats:
     answered: int = 0
     failed: dict[str, int] = field(default_factory=dict)  # timed_out (its SDK gave up) | shed | expired
     attempts: int = 0
+    answered_attempts: int = 0  # the attempts the answered calls took, their answering one included
     joined: int = 0  # retries that took over the call their caller left
     refused: int = 0  # attempts refused at admission (a 429), the retry budget's included
     budget_refused: int = 0
@@ -320,6 +321,7 @@ class Clients:
         sc.done, sc.gen = True, sc.gen + 1
         self.pending -= 1
         self.stats.answered += 1
+        self.stats.answered_attempts += sc.k + 1
         self.sim.call_answered(sc.chain, sc.stage, sc.idx)
 
     def _fail(self, sc: SdkCall, why: str, reason: str = "") -> None:
@@ -341,7 +343,11 @@ def summary(stats: CallerStats, tiers: dict[str, TierSim], chains: dict[str, dic
     return {
         "calls": stats.calls, "answered": stats.answered, "failed": dict(sorted(stats.failed.items())),
         "attempts": stats.attempts,
+        # Every attempt over the calls answered: what the storm cost the fleet per answer; at k x
+        # overload at least k whatever the fleet does (each call it cannot serve asks once).
         "attempts_per_answered_call": round(stats.attempts / stats.answered, 3) if stats.answered else None,
+        # The attempts an answered call took: what its agent waited through for the answer.
+        "attempts_an_answer_took": round(stats.answered_attempts / stats.answered, 3) if stats.answered else None,
         "joined": stats.joined, "refused": stats.refused, "retry_budget_refused": stats.budget_refused,
         "abandoned": stats.abandoned, "agent_s_abandoned": round(stats.abandoned_s, 1),
         "engine_s": round(engine, 1), "engine_s_nobody": round(nobody, 1),
@@ -358,10 +364,11 @@ def render_callers(c: dict[str, Any]) -> str:
             f"{c['chains_failed']} ({c['engine_s_failed_chains']:.0f} engine-seconds spent on them)")
     if not c["calls"]:
         return head
-    per = c["attempts_per_answered_call"]
+    per, took = c["attempts_per_answered_call"], c["attempts_an_answer_took"]
     failed = ", ".join(f"{k} {v}" for k, v in c["failed"].items()) or "none"
     return (f"callers (SDK clients): {c['calls']} calls, {c['answered']} answered, failed: {failed}; "
-            f"{c['attempts']} attempts ({'-' if per is None else f'{per:.2f}'} per answered call): "
+            f"{c['attempts']} attempts ({'-' if per is None else f'{per:.2f}'} per answered call; "
+            f"{'-' if took is None else f'{took:.2f}'} an answer took): "
             f"{c['joined']} joined, {c['refused']} refused ({c['retry_budget_refused']} by the retry budget), "
             f"{c['abandoned']} abandoned ({c['agent_s_abandoned']:.0f} agent-seconds)\n" + head)
 
@@ -372,13 +379,14 @@ def callers_compare(rows: list[dict[str, Any]]) -> str:
     rows = [r for r in rows if (r.get("callers") or {}).get("calls")]
     if not rows:
         return ""
-    head = ["policy", "answered", "attempts/answered", "joined", "refused", "abandoned", "agent-s abandoned",
-            "engine-s for nobody", "chains completed", "engine-s failed chains", "replica-h"]
+    head = ["policy", "answered", "attempts/answered", "attempts/answer", "joined", "refused", "abandoned",
+            "agent-s abandoned", "engine-s for nobody", "chains completed", "engine-s failed chains", "replica-h"]
     body = []
     for r in rows:
         c = r["callers"]
-        per = c["attempts_per_answered_call"]
-        body.append([r["policy"], str(c["answered"]), "-" if per is None else f"{per:.2f}", str(c["joined"]),
+        per, took = c["attempts_per_answered_call"], c["attempts_an_answer_took"]
+        body.append([r["policy"], str(c["answered"]), "-" if per is None else f"{per:.2f}",
+                     "-" if took is None else f"{took:.2f}", str(c["joined"]),
                      str(c["refused"]), str(c["abandoned"]), f"{c['agent_s_abandoned']:.0f}",
                      f"{c['engine_s_nobody']:.0f} ({c['engine_nobody_share']:.1%})", str(c["chains_completed"]),
                      f"{c['engine_s_failed_chains']:.0f}", f"{r['replica_hours']:.2f}"])
