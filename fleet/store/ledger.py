@@ -248,8 +248,10 @@ class Ledger:
                         "1" if c.useful else "0", self.token_nano, RETAIN_DAYS * 86400]
                 if c.prompt > 0 or c.completion > 0:
                     runs.append((len(p), keys, args))
-                    # EVALSHA itself: a Script on a pipeline costs a SCRIPT EXISTS round trip first
-                    p.evalsha(self._tokens.sha, len(keys), *keys, *args)
+                    # EVALSHA itself: a Script on a pipeline costs a SCRIPT EXISTS round trip first;
+                    # as a command, not `p.evalsha`, which a cluster pipeline refuses (the charges of
+                    # a replica on Redis Cluster were lost, each batch logged as failed)
+                    p.execute_command("EVALSHA", self._tokens.sha, len(keys), *keys, *args)
                 if c.also is not None:
                     c.also(p)
             if not len(p):

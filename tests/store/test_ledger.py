@@ -13,13 +13,15 @@ from redis.asyncio import Redis
 
 from fleet.config import TierConfig
 from fleet.policy.tier_budget import token_burn_since
+from fleet.store.connection import connect
 from fleet.store.ledger import NANO, Ledger, TokenCharge, plan_fields
 
 
 @pytest_asyncio.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    r = Redis.from_url(redis_url)
-    yield r
+async def redis(store_url: str) -> AsyncIterator[Redis]:
+    """The session's server, or its cluster where a test is parametrized so (`store_url`)."""
+    r = connect(store_url)
+    yield r  # type: ignore[misc]
     await r.aclose()
 
 
@@ -129,10 +131,12 @@ async def test_tokens_by_key_and_class_and_what_counts_as_useful(redis: Redis) -
     assert await lg.token_usd_since(token_burn_since(now), now) == pytest.approx(tot.token_usd, abs=1e-9)
 
 
+@pytest.mark.parametrize("store_url", ["redis", "cluster"], indirect=True)
 async def test_charges_of_many_ended_calls_go_together_and_add_up_exactly(redis: Redis) -> None:
     """A busy replica charges the calls that end within one window in one round trip
     (`workers.charging`): the totals are those of charging each alone, and what waits when the
-    replica stops is sent, not lost."""
+    replica stops is sent, not lost; on Redis Cluster too (a cluster pipeline refuses
+    `evalsha`: every batch was lost there)."""
     from workers.charging import Charges
 
     lg = ledger(redis, hourly_usd=0.0, usd_per_million_tokens=1.0)
