@@ -27,11 +27,18 @@ class Priority(IntEnum):
 CLASSES: tuple[str, ...] = tuple(p.name for p in Priority)
 
 
-def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
-    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
-    for name, value in v.items():
+def known_classes(names: list[str]) -> list[str]:
+    """Class names a config lists, each a known class; a ValueError names the first that is not."""
+    for name in names:
         if name not in CLASSES:
             raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
+    return names
+
+
+def per_class_positive(v: dict[str, float], what: str) -> dict[str, float]:
+    """A per-class mapping: known class names, positive values; a ValueError names the bad one."""
+    known_classes(list(v))
+    for name, value in v.items():
         if value <= 0:
             raise ValueError(f"{what} for {name!r} must be > 0")
     return v
@@ -111,10 +118,7 @@ class Replication(BaseModel):
     @field_validator("ack_classes")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if name not in CLASSES:
-                raise ValueError(f"unknown priority class {name!r}; classes are {', '.join(CLASSES)}")
-        return v
+        return known_classes(v)
 
     def waits(self, priority: str) -> bool:
         return self.ack_replicas > 0 and priority in self.ack_classes

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
-from fleet.classes import CLASSES
+from fleet.classes import known_classes
 from fleet.engine_config import _Strict
 
 # The admission refusals a tier may degrade on: the words of `fleet.policy.admission.Reason`.
@@ -55,10 +55,7 @@ class Degrade(_Strict):
     @field_validator("classes")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        for c in v:
-            if c not in CLASSES:
-                raise ValueError(f"unknown priority class {c!r}; classes are {', '.join(CLASSES)}")
-        return v
+        return known_classes(v)
 
 
 class _Tier(Protocol):
