@@ -34,6 +34,16 @@ def pair() -> Iterator[tuple[PrivateRedis, PrivateRedis]]:
     try:
         r = sync_redis.Redis(port=replica.port)
         wait_until(lambda: r.info("replication").get("master_link_status") == "up", 20, what="replica in sync")
+        # And the master's own view: the line counts the master's online replicas to decide whether
+        # to WAIT, and a replica's link can be up a moment before its master lists it online.
+        m = sync_redis.Redis(port=master.port)
+
+        def online() -> bool:
+            info = m.info("replication")
+            return info.get("connected_slaves") == 1 and info.get("slave0", {}).get("state") == "online"
+
+        wait_until(online, 20, what="the master listing its replica online")
+        m.close()
         yield master, replica
     finally:
         replica.stop()
