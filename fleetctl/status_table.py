@@ -77,6 +77,7 @@ TIERS = (
     Column("replicas s/r/d", lambda _, s: _replicas(s)),
     Column("floor", lambda _, s: str(s["floor"])),
     Column("ceiling", lambda _, s: str(s["ceiling"])),
+    Column("degraded out/in", lambda _, s: _degraded(s), wide_only=True),
 )
 TIERS_CAPTION = "line: committed/interactive/speculative/background; replicas: starting/ready/draining"
 
@@ -138,6 +139,22 @@ def _clock(t: float, tz: str) -> str:
     return datetime.fromtimestamp(t, ZoneInfo(tz)).strftime("%a %H:%M:%S")
 
 
+def _degraded(s: dict[str, Any]) -> str:
+    d = s.get("degraded") or {}
+    return f"{d.get('out', 0)}/{d.get('in', 0)}"
+
+
+def degraded_line(tier: str, s: dict[str, Any]) -> str | None:
+    """Calls this tier refused and a smaller tier served (out, and where they went), and those it
+    served for a larger one (in): docs/degrade.md. None while it has done neither."""
+    d = s.get("degraded") or {}
+    out, took = d.get("out", 0), d.get("in", 0)
+    if not (out or took):
+        return None
+    where = f" to {d['to']}" if out and d.get("to") else ""
+    return f"{tier}: degraded {out} out{where}, {took} in"
+
+
 def window_line(tier: str, w: dict[str, Any]) -> str:
     """One scheduled pre-warm window as the scaler plans it: when its replicas start, and why."""
     tz = w["timezone"]
@@ -173,6 +190,8 @@ def render(doc: dict[str, Any], console: Console | None = None, *, wide: bool = 
             console.print(f"{tier}: {s['last_decision']['reason']}{extra}", markup=False)
         for w in s.get("prewarm_windows") or ():  # each scheduled window's planned start, and why
             console.print(window_line(tier, w), markup=False)
+        if (line := degraded_line(tier, s)) is not None:  # the narrow table has no room for it
+            console.print(line, markup=False)
     for t in tables[1:]:
         console.print(t)
     if not wide:

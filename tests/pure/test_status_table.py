@@ -36,7 +36,8 @@ def _tier(**over: Any) -> dict[str, Any]:
         "last_decision": {"reason": "scale up 2 -> 4: the line drains in 123 s, above the 30 s threshold"},
         "spend_usd": 12345.678, "projected_spend_usd": 23456.78, "budget_usd": 50000.0, "budget_ceiling": 120,
         "replica_hours": {"total": 1234.567}, "cost_per_million_useful_tokens_usd": 12.3456,
-        "budget": {"exhausted": False, "capped": True, "window": "market-open"}}
+        "budget": {"exhausted": False, "capped": True, "window": "market-open"},
+        "degraded": {"out": 0, "in": 0, "to": None}}
     return {**s, **over}
 
 
@@ -62,3 +63,22 @@ def test_a_busy_fleet_fits_80_columns_and_a_long_tier_name_leaves_out_the_last_c
     render(doc, Console(file=out, width=80), wide=True)
     _whole(out.getvalue(), 10_000, ["12.3456", "1234.567", *_headers(TIERS, wide=True), *_headers(SPEND, wide=True)])
     assert "line c/i/s/b" in out.getvalue()  # a header on one line
+
+
+def test_degraded_calls_show_under_the_table_and_in_the_wide_column() -> None:
+    """A tier that sent calls to a smaller one says how many and where; the one that took them says
+    so; a tier that did neither says nothing (docs/degrade.md)."""
+    doc = {"tiers": {"planner": _tier(degraded={"out": 17, "in": 0, "to": "analysis"}),
+                     "analysis": _tier(degraded={"out": 0, "in": 17, "to": "routing"}),
+                     "routing": _tier()}}
+    out = io.StringIO()
+    render(doc, Console(file=out, width=80))
+    text = out.getvalue()
+    assert "planner: degraded 17 out to analysis, 0 in" in text
+    assert "analysis: degraded 0 out, 17 in" in text
+    assert "routing: degraded" not in text
+    _whole(text, 80, [])
+
+    out = io.StringIO()
+    render(doc, Console(file=out, width=80), wide=True)
+    assert "degraded out/in" in out.getvalue() and "17/0" in out.getvalue().split()
