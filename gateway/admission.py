@@ -89,16 +89,19 @@ INVITED_SLACK_MS = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Joined:
-    """This attempt took over `rid`, the call an earlier attempt of it started and left."""
+    """This attempt took over `rid`, the call an earlier attempt of it started and left; `tier`
+    holds it when another tier than the one asked serves it (degraded, for `why`)."""
 
     rid: str
+    tier: str = ""
+    why: str = ""
 
 
 def gated(g: Gated, req: AdmissionRequest) -> Joined:
     """The retry gate's answer: the call taken over, or the typed refusal (the retry budget spent:
     429 with `x-should-retry: false`; an Idempotency-Key with another body: 422)."""
     if g.verdict == JOINED:
-        return Joined(g.rid)
+        return Joined(g.rid, g.tier, g.why)
     if g.verdict == OTHER_BODY:
         raise APIError(422, "this Idempotency-Key was sent with another body by a call still kept for its retry; "
                        "a retry must send the same body, a new call a new key", param="Idempotency-Key",

@@ -196,11 +196,11 @@ class Call:
             expected_output_tokens=output, attempt=attempt, opens_chain=self.opens_chain,
             place=self._place(output, weight)), self)
         if isinstance(got, Joined):
-            self.follow(got.rid)
+            self.follow(got.rid, got.tier, got.why)
             return
         self.ticket = got
         if got.req.degraded_from:
-            self._served_by(got.req)
+            self._served_by(got.req.tier, got.req.degraded_from, got.req.degrade_reason, got.req.max_tokens)
             spec = self.spec
         # Watched before it joins the line, so the reader takes the stream in while the enqueue runs
         # (which rings the reader itself when its read in flight must be told: `Watch.wake`).
@@ -234,19 +234,18 @@ class Call:
                        attempt=Attempt(taken_ms=self.deadline_ms), place=self._place(output, weight, tier),
                        degraded_from=first.tier, degrade_reason=reason)
 
-    def _served_by(self, req: AdmissionRequest) -> None:
-        """Served by `req.tier` instead of the tier it named: the body kept whole but for its
-        model, the target's output bound, its line. Its retry joins nothing (its SDK's retry asks
-        the first tier again), so its client leaving cancels it."""
+    def _served_by(self, tier: str, asked: str, reason: str, max_tokens: int) -> None:
+        """Served by `tier` instead of the tier it named: the body kept whole but for its model,
+        the target's output bound, its line. Its identity stays the body's as sent, for its SDK's
+        retry asks the first tier again and joins it there (`gateway.retry_join.park`)."""
         spec = self.spec
         raw = orjson.loads(spec.raw)
-        raw["model"] = req.tier
-        self.spec = replace(spec, tier=req.tier, raw=orjson.dumps(raw), max_tokens=req.max_tokens,
-                            body=spec.body.model_copy(update={"model": req.tier}))
-        self.line = self.gw.lines[req.tier]
-        self.rec = RequestRecorder(req.tier, self.priority.name)
-        self.degraded_from, self.degrade_reason = req.degraded_from, req.degrade_reason
-        self.retryable = False
+        raw["model"] = tier
+        self.spec = replace(spec, tier=tier, raw=orjson.dumps(raw), max_tokens=max_tokens,
+                            body=spec.body.model_copy(update={"model": tier}))
+        self.line = self.gw.lines[tier]
+        self.rec = RequestRecorder(tier, self.priority.name)
+        self.degraded_from, self.degrade_reason = asked, reason
 
     def _place(self, output: int, weight: float, tier: str | None = None) -> Place | None:
         """Where it goes in its class of a fair tier. A call of a chain under way is not a flow that
@@ -260,11 +259,14 @@ class Call:
             place = replace(place, half_life_s=FORGIVEN_S)
         return place
 
-    def follow(self, rid: str) -> None:
+    def follow(self, rid: str, tier: str = "", why: str = "") -> None:
         """This attempt took over `rid`, the call an earlier attempt of it started and left: read that
-        call's events from its first (the owner, `gateway.retry_join.keep_for_retry`, ends it)."""
+        call's events from its first (the owner, `gateway.retry_join.keep_for_retry`, ends it).
+        `tier`: the smaller tier that serves it, when the earlier attempt was degraded (for `why`)."""
         log.info("request %s: a retry took it over", rid)
         metrics.RETRIES.labels(self.spec.tier, "joined").inc()
+        if tier and tier != self.spec.tier and tier in self.gw.lines:
+            self._served_by(tier, self.spec.tier, why, self.spec.max_tokens)
         self.rid, self.joined = rid, True
         self.watch = self.gw.results.watch(self.line, rid, ring=True)
         self.events = events(self.watch, self.line, self.deadline_at, drop=False)

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 from fleet import metrics
 from fleet.outcome import Outcome
 from fleet.store.events import Done, Failed, decode
+from fleet.store.keys import TierKeys
 from fleet.store.line import Line
 from gateway.call_spec import CallSpec
 from gateway.redis_loss import CLEANUP_S
@@ -51,6 +52,9 @@ class Call(Protocol):
     identity: str
     digest: str
     deadline_at: float
+    asked_tier: str
+    degraded_from: str
+    degrade_reason: str
 
     def completed(self, done: Done) -> None: ...
 
@@ -65,12 +69,20 @@ def grace_s(call: Call) -> float:
     return call.gw.cfg.client_clock.retry_grace_s
 
 
+def record_keys(call: Call) -> TierKeys:
+    """Where the call's retry record lives: the tier its caller asked for, which its SDK's retry
+    asks again, also when a smaller tier serves it (`gateway.degrade`)."""
+    return call.gw.lines[call.asked_tier].keys if call.asked_tier in call.gw.lines else call.line.keys
+
+
 async def park(call: Call) -> bool:
     """Record the call as waiting for a retry of it; False when Redis did not answer (it is then
     cancelled as any call whose client left)."""
     try:
         async with asyncio.timeout(CLEANUP_S):
-            await call.gw.retries.park(call.line.keys, call.identity, call.rid, call.digest, int(grace_s(call) * 1000))
+            runs_in, why = (call.spec.tier, call.degrade_reason) if call.degraded_from else ("", "")
+            await call.gw.retries.park(record_keys(call), call.identity, call.rid, call.digest,
+                                       int(grace_s(call) * 1000), runs_in, why)
     except (RedisError, TimeoutError):
         return False
     metrics.RETRIES.labels(call.spec.tier, "parked").inc()
@@ -99,7 +111,7 @@ async def keep_for_retry(call: Call) -> None:
                     last = await _last_event(call)
                 elif loop.time() >= call.deadline_at:
                     await call.line.finish(call.rid, Outcome.EXPIRED, EXPIRED)
-                elif await call.gw.retries.state(keys, call.identity, call.rid) is None:
+                elif await call.gw.retries.state(record_keys(call), call.identity, call.rid) is None:
                     await call.line.finish(call.rid, Outcome.CANCELLED, GONE)
                     metrics.RETRIES.labels(call.spec.tier, "abandoned").inc()
         except (RedisError, TimeoutError):

@@ -132,6 +132,8 @@ class Gated:
 
     verdict: int
     rid: str = ""
+    tier: str = ""  # `JOINED`: the tier whose line holds the call, '' for the tier asked
+    why: str = ""  # ... and why it was degraded there
 
 
 class Admitting:
@@ -157,7 +159,9 @@ class Admitting:
             budget_s=budget.window_s, min_per_s=budget.min_per_s, rank=place[0] if place else "",
             half_ms=place[1].half_ms if place else "")
         if int(raw[0]) < 0:
-            return Gated(int(raw[0]), _s(raw[1]) if int(raw[0]) == JOINED else "")
+            if int(raw[0]) == JOINED:
+                return Gated(JOINED, _s(raw[1]), _s(raw[2]), _s(raw[3]))
+            return Gated(int(raw[0]))
         retry_at = _s(raw[13])
         ahead = int(raw[15])
         return AdmissionSnapshot(

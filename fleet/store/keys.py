@@ -200,8 +200,8 @@ class TierKeys:
         return self._k(f"res:{rid}")
 
     def retry(self, identity: str) -> str:
-        """STRING "parked|taken|request id|body digest": a call whose client left, kept for a
-        retry of it to take over (`fleet.store.retries`)."""
+        """STRING "parked|taken|request id|body digest|tier|reason": a call whose client left,
+        kept for a retry of it to take over (`fleet.store.retries`)."""
         return self._k(f"retry:{identity}")
 
     @property

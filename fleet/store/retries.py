@@ -2,12 +2,14 @@
 
 Two key families of a tier, both under its hash tag:
 
-- `retry:<identity>` STRING "state|request id|body digest", state `parked` or `taken`: a call
-  whose client left while its SDK will still retry it, kept for `client_clock.retry_grace_s`
+- `retry:<identity>` STRING "state|request id|body digest|tier|reason", state `parked` or `taken`:
+  a call whose client left while its SDK will still retry it, kept for `client_clock.retry_grace_s`
   (the key's TTL) for a retry of the same identity to take over (`taken`, with the TTL of that
-  retry's deadline). A key gone means nobody took it in time: the call's owner ends it. State
-  `refused`: the fleet refused the attempt and said when to come back; the retry it invited is
-  not charged to the retry budget.
+  retry's deadline). `tier` is where the call waits or runs when that is not the tier the record
+  is kept under (a degraded call is parked under the tier it asked for, which its retry asks
+  again: `gateway.degrade`), and the reason it was degraded; '' otherwise. A key gone means
+  nobody took it in time: the call's owner ends it. State `refused`: the fleet refused the
+  attempt and said when to come back; the retry it invited is not charged to the retry budget.
 - `retry-window` HASH `f<second>` / `r<second>`: first attempts and retries that joined nothing,
   per second, over the budget window.
 
@@ -32,7 +34,7 @@ GATE_CONSTS: dict[str, int | str] = {"JOINED": JOINED, "RETRY_BUDGET_SPENT": RET
                                      "OTHER_BODY": OTHER_BODY}
 
 # A Lua function (needs the clock and `GATE_CONSTS`): `retry_gate(retry_key, window_key, digest,
-# attempt, taken_ms, ratio, budget_s, min_per_s)` returns the gate's answer ({JOINED, rid},
+# attempt, taken_ms, ratio, budget_s, min_per_s)` returns the gate's answer ({JOINED, rid, tier, reason},
 # {RETRY_BUDGET_SPENT} or {OTHER_BODY}), or nil when the attempt goes on to admission.
 # `digest` '' for an attempt that joins nothing; `attempt` 'retry' or 'first'.
 RETRY_GATE = """
@@ -40,11 +42,13 @@ local function retry_gate(retry_key, window_key, digest, attempt, taken_ms, rati
   if digest ~= '' then
     local rec = redis.call('GET', retry_key)
     if rec then
-      local state, rid, d = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
+      local f = {}
+      for part in string.gmatch(rec .. '|', '([^|]*)|') do f[#f + 1] = part end
+      local state, rid, d, tier, why = f[1], f[2], f[3] or '', f[4] or '', f[5] or ''
       if state == 'parked' then
         if d ~= digest then return {OTHER_BODY} end
-        redis.call('SET', retry_key, 'taken|' .. rid .. '|' .. d, 'PX', taken_ms)
-        return {JOINED, rid}
+        redis.call('SET', retry_key, table.concat({'taken', rid, d, tier, why}, '|'), 'PX', taken_ms)
+        return {JOINED, rid, tier, why}
       end
       if state == 'refused' then
         -- The fleet refused its last attempt and told it when to come back: a retry it asked
@@ -90,9 +94,12 @@ class Retries:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
 
-    async def park(self, keys: TierKeys, identity: str, rid: str, digest: str, grace_ms: int) -> None:
-        """The call's client left: keep it `grace_ms` for a retry of `identity` to take over."""
-        await self.redis.set(keys.retry(identity), f"parked|{rid}|{digest}", px=max(1, grace_ms))
+    async def park(self, keys: TierKeys, identity: str, rid: str, digest: str, grace_ms: int,
+                   runs_in: str = "", why: str = "") -> None:
+        """The call's client left: keep it `grace_ms` for a retry of `identity` to take over.
+        `runs_in`: the tier whose line holds it, when that is not the tier of `keys` (degraded,
+        for `why`)."""
+        await self.redis.set(keys.retry(identity), f"parked|{rid}|{digest}|{runs_in}|{why}", px=max(1, grace_ms))
 
     async def refused(self, keys: TierKeys, identity: str, digest: str, ttl_ms: int) -> None:
         """The attempt was refused with a Retry-After: its retry, if it comes within `ttl_ms`, was

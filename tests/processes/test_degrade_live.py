@@ -184,3 +184,34 @@ def test_a_messages_api_call_names_the_serving_tier(fleet: Fleet) -> None:
                    json={"model": "planner", "max_tokens": 8, "messages": [{"role": "user", "content": "sum up"}]})
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "analysis" and r.headers["x-fleet-degraded-from"] == "planner"
+
+
+def test_a_degraded_call_longer_than_its_clients_timeout_is_answered_by_its_retry(fleet: Fleet) -> None:
+    """The SDK's retry asks the planner again; the call its first attempt left runs in analysis's
+    line. The retry takes that call over (its record is kept under the planner, where the retry
+    asks) and gets the whole answer, named as analysis's; the engine ran it once."""
+    f = fleet
+    done = f.counters("analysis").get("completed", 0)
+    seen: list[int] = []
+
+    def sent(_: httpx.Request) -> None:
+        seen.append(0)
+
+    def got(r: httpx.Response) -> None:
+        seen[-1] = r.status_code
+
+    # About 1.6 s of decoding (10 ms a token) behind a 1 s timeout, with the SDK's default retries.
+    http = httpx.Client(timeout=1.0, event_hooks={"request": [sent], "response": [got]})
+    c = openai.OpenAI(base_url=f"{f.base_url}/v1", api_key="sk-desk", timeout=1.0, http_client=http)
+    raw = c.chat.completions.with_raw_response.create(
+        model="planner", messages=[{"role": "user", "content": "a long speculative branch"}],  # type: ignore[arg-type]
+        max_tokens=160, extra_body={"ignore_eos": True}, extra_headers={"X-Priority": "speculative"})
+    answer = raw.parse()
+    assert seen[-1] == 200 and seen.count(0) == len(seen) - 1 and len(seen) >= 2, seen  # a retry answered it
+    assert answer.usage is not None and answer.usage.completion_tokens == 160
+    assert answer.model == "analysis"
+    assert raw.headers["x-fleet-tier"] == "analysis" and raw.headers["x-fleet-degraded-from"] == "planner"
+    assert raw.headers["x-fleet-degrade-reason"] == "budget_exhausted"
+    # Run once, not once an attempt: its owner ends it, counted completed in analysis's line.
+    wait_until(lambda: f.counters("analysis").get("completed", 0) >= done + 1, 10, what="the call completed")
+    assert f.counters("analysis").get("completed", 0) == done + 1
