@@ -27,7 +27,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.request import head_too_large
+from gateway.request import IndexedHeaders, head_too_large
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Handler = Callable[[Request, Exception], Awaitable[Response]]
@@ -41,6 +41,7 @@ async def dispatch(app: Any, endpoint: Endpoint, limit: int, scope: dict[str, An
         await too_large.response()(scope, receive, send)
         return
     request = Request(scope, receive)
+    request._headers = IndexedHeaders(scope=scope)  # what `request.headers` returns: read by name in O(1)
     try:
         response = await endpoint(request)
     except Exception as exc:

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 
 from fleet.degrade_config import DegradeWish
@@ -195,3 +196,30 @@ def head_too_large(scope: Any, limit: int) -> APIError | None:
         return None
     return APIError(431, f"request headers of {size} bytes exceed the limit of {limit}",
                     code="request_header_fields_too_large", headers={"connection": "close"})
+
+
+class IndexedHeaders(Headers):
+    """Starlette's `Headers`, its lookups by name from a dict made on the first one. Starlette scans
+    the raw list on every `get`; a call reads about 15 headers (its class, deadline, chain, the
+    SDK's clock, its key), most of them absent, so each read was a whole scan. The first value of
+    a repeated header wins, as in Starlette; `getlist` and iteration are Starlette's own."""
+
+    __slots__ = ("_index",)
+
+    def _first(self) -> dict[str, str]:
+        index: dict[str, str] | None = getattr(self, "_index", None)
+        if index is None:
+            index = {}
+            for k, v in self.raw:
+                index.setdefault(k.decode("latin-1"), v.decode("latin-1"))
+            self._index = index
+        return index
+
+    def __getitem__(self, key: str) -> str:
+        return self._first()[key.lower()]
+
+    def __contains__(self, key: Any) -> bool:
+        return isinstance(key, str) and key.lower() in self._first()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self._first().get(key.lower(), default)

@@ -73,16 +73,19 @@ local function retry_gate(retry_key, window_key, digest, attempt, taken_ms, rati
     end
     if retries + 1 > math.max(ratio * firsts, min_per_s * budget_s) then return {RETRY_BUDGET_SPENT} end
   end
-  if attempt ~= 'invited' then
-    redis.call('HINCRBY', window_key, (attempt == 'retry' and 'r' or 'f') .. sec, 1)
+  if attempt == 'invited' then return nil end
+  local field = (attempt == 'retry' and 'r' or 'f') .. sec
+  -- The seconds that left the window are dropped by the first attempt of each new second (and
+  -- the key's TTL renewed then): once a second, not on every call of the hot path.
+  if redis.call('HINCRBY', window_key, field, 1) == 1 then
+    local old = {}
+    for i = budget_s, 2 * budget_s do
+      old[#old + 1] = 'f' .. (sec - i)
+      old[#old + 1] = 'r' .. (sec - i)
+    end
+    redis.call('HDEL', window_key, unpack(old))
+    redis.call('EXPIRE', window_key, budget_s + 1)
   end
-  local old = {}
-  for i = budget_s, 2 * budget_s do
-    old[#old + 1] = 'f' .. (sec - i)
-    old[#old + 1] = 'r' .. (sec - i)
-  end
-  redis.call('HDEL', window_key, unpack(old))
-  redis.call('EXPIRE', window_key, budget_s + 1)
   return nil
 end
 """
