@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: up test test-fast setup vllm lint bench loadtest chromium clean images compose-up compose-down test-containers
+.PHONY: up test test-fast setup vllm lint bench loadtest chromium claude-code clean images compose-up compose-down test-containers
 
 # uv (installed into the venv with pip) resolves the agent frameworks' dependency set in seconds,
 # where pip's resolver stalls on it.
@@ -32,7 +32,22 @@ up: $(STAMP)
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# Claude Code (npm's @anthropic-ai/claude-code), the client tests/processes/test_claude_code.py runs
+# headless against a fleet; cached in .cache/ (gitignored), never on `make up`'s path. 2.1.197 is the
+# last release whose package declares Node 18+ (later ones declare Node 22+). Its postinstall puts the
+# native binary in place; run here when npm's allowScripts skipped it. `make test` installs it and, when npm
+# cannot, goes on (that test then skips saying why).
+CLAUDE_CODE_VERSION ?= 2.1.197
+CLAUDE_CODE_DIR := .cache/claude-code
+CLAUDE := $(CLAUDE_CODE_DIR)/node_modules/.bin/claude
+claude-code:
+	@$(CLAUDE) --version 2>/dev/null | grep -q '^$(CLAUDE_CODE_VERSION) ' || { \
+	  npm install -q --prefix $(CLAUDE_CODE_DIR) --no-audit --no-fund @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) && \
+	  { $(CLAUDE) --version >/dev/null 2>&1 || (cd $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code && node install.cjs); } && \
+	  $(CLAUDE) --version; }
+
 test: $(STAMP) $(VLLM_STAMP) chromium
+	@$(MAKE) --no-print-directory claude-code || echo "npm could not install Claude Code: test_claude_code.py skips"
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
