@@ -9,7 +9,7 @@ the chat stream loop in `gateway.answers`). Every error these routes answer is i
 shape (`messages_map.error_body`): 429 `rate_limit_error` with the fleet's retry headers, 529
 `overloaded_error` for an unavailable fleet, 400 `invalid_request_error` naming the field.
 
-Claude Code's extras (`?beta=true`, `anthropic-beta`, `anthropic-version`, `cache_control`,
+Claude Code's extras (a `HEAD /` first, `?beta=true`, `anthropic-beta`, `anthropic-version`, `cache_control`,
 `output_config`, `context_management`) are accepted and have no effect.
 """
 
@@ -68,6 +68,12 @@ async def answered(handler: Callable[[], Awaitable[Response]]) -> Response:
     except RedisError as e:
         log.error("Redis unavailable: %s", e)
         return anthropic_error(unavailable_error(e))
+
+
+@router.head("/", include_in_schema=False)
+async def preconnect() -> Response:
+    """Claude Code's `HEAD /` before its first call (it warms the connection): answered, not a 404."""
+    return Response(status_code=200)
 
 
 @router.post("/v1/messages")

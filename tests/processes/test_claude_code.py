@@ -113,6 +113,21 @@ def test_plain_prompt_runs_to_a_clean_result(claude: Path, keyed: tuple[Fleet, s
     assert out["is_error"] is False and out["num_turns"] == 1, out
     assert isinstance(out["result"], str) and out["result"].strip(), out
     assert out["usage"]["input_tokens"] > 0 and out["usage"]["output_tokens"] > 0, out
+    assert httpx.head(f"{keyed[0].base_url}/").status_code == 200  # its first request, sent without a key
+
+
+def test_its_default_request_is_served(claude: Path, keyed: tuple[Fleet, str], tmp_path: Path) -> None:
+    """Its default tool set (24 tools in JSON Schema 2020-12, a first request of ~77 KB), with
+    `--permission-mode dontAsk`, so no tool that asks leave runs: the sim calls the first tool
+    offered, Claude Code answers it (in this version, an Agent that does not exist: an error
+    result) and the fleet's final text quotes that result. Two turns, a clean result."""
+    work = tmp_path / "work"
+    work.mkdir()
+    out = run_claude(claude, keyed, work, "Say hi.", "--permission-mode", "dontAsk")
+    assert out["type"] == "result" and out["subtype"] == "success", out
+    assert out["is_error"] is False and out["num_turns"] == 2, out
+    assert out["result"].startswith("The tool said: "), out
+    assert out["usage"]["input_tokens"] > 10_000, out  # the default system prompt and tools, counted by the fleet
 
 
 def test_a_tool_is_run_and_its_result_answered(claude: Path, keyed: tuple[Fleet, str], tmp_path: Path) -> None:
