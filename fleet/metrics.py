@@ -12,6 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from fleet.outcome import GATEWAY_ONLY, LINE_OUTCOMES, Outcome
+from fleet.policy.cold_start import PHASES, ColdStartPhases
 
 # Buckets that resolve a p99 from 5 ms to 60 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -65,6 +66,15 @@ IN_FLIGHT = Gauge("fleet_in_flight", "Requests claimed by a worker and running."
 # Worker side: what one replica holds right now (exposed on `fleet worker --metrics-port`).
 WORKER_ACTIVE = Gauge("fleet_worker_active_requests", "Requests this replica is running.", ["tier", "replica"])
 WORKER_SLOTS = Gauge("fleet_worker_slots", "Requests this replica may run at once.", ["tier", "replica"])
+# Each replica observes its own cold start once, phase by phase (docs/operations.md, "Cold starts by phase").
+COLD_START_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+COLD_START_PHASE = Histogram("fleet_cold_start_phase_seconds", "A replica's cold start by phase (load: weights in; "
+                             "init: KV cache and graphs or compile; first_token: the warm-up call), measured by the "
+                             "replica's engine once it started.", ["tier", "phase"], buckets=COLD_START_BUCKETS)
+# The gateway's, from the live replicas' heartbeats at scrape time: the model's error by term.
+COLD_START_MODEL_ERROR = Gauge("fleet_cold_start_model_error_seconds", "Median measured minus modelled cold start of "
+                               "the live replicas, by the model's term (load: weights / load speed; warmup: init + "
+                               "first_token; total).", ["tier", "term"])
 SCALE_DECISIONS = Counter("fleet_scale_decisions", "Scaler decisions by action and reason.",
                           ["tier", "action", "reason"])
 # Scaler side: the bounds in force (floor includes pre-warms, ceiling includes budget and GPUs).
@@ -94,6 +104,14 @@ def set_replicas(tier: str, by_version: Mapping[str, Mapping[str, int]]) -> None
         for s, n in states.items():
             REPLICAS.labels(tier, v, s).set(n)
     _replica_series[tier] = now
+
+
+def observe_cold_start(tier: str, phases: ColdStartPhases | None) -> None:
+    """A replica's cold start into fleet_cold_start_phase_seconds, once, when its engine told the phases."""
+    if phases is None:
+        return
+    for phase in PHASES:
+        COLD_START_PHASE.labels(tier, phase).observe(phases.seconds(phase))
 
 
 def children_kept(*families: MetricWrapperBase) -> None:

@@ -30,6 +30,7 @@ from fleet.governor import set_budget_gauges
 from fleet.observe import read_tier
 from fleet.outcome import Outcome
 from fleet.policy import arrival_rate, drain_s, replicas_by_version, service_rate
+from fleet.policy.cold_start import model_error, modelled_startup
 from fleet.store.chains import read_chains
 from fleet.store.events import Done
 from fleet.store.line import Line
@@ -61,6 +62,10 @@ async def refresh_tier(cfg: FleetConfig, line: Line) -> None:
     m.WARM_FLOOR.labels(tier).set(tc.warm_floor)
     m.MAX_REPLICAS.labels(tier).set(tc.max_replicas)
     m.DRAIN_THRESHOLD.labels(tier).set(tc.drain_threshold_s)
+    # The start-up model's error by term, over the live replicas that told their phases.
+    for e in model_error([b.cold_start_phases for b in live.beats if b.cold_start_phases], modelled_startup(tc)):
+        if e.error_s is not None:
+            m.COLD_START_MODEL_ERROR.labels(tier, e.term).set(e.error_s)
     # Spend, budget and cost as the budget governor last judged them (whoever ticks it: the
     # scaler, or this gateway while no scaler runs). Not judged yet: the gauges wait.
     if live.budget is not None:

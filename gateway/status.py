@@ -24,6 +24,7 @@ from fleet.policy import (
     service_rate,
     waiting,
 )
+from fleet.policy.cold_start import ColdStartPhases, median_phases, model_error, modelled_startup
 from fleet.policy.prewarm import planning_cold_start, prewarm_lead_s, window_plans
 from fleet.store.capacity import read_calibration
 from fleet.store.chains import ChainOutcomes, read_chains
@@ -86,6 +87,20 @@ def prewarm_windows(tc: TierConfig, now: float, startup_s: float, cold_starts: l
              "active": p.active, "why": p.why, "timezone": tc.budget.timezone} for p in plans]
 
 
+def cold_start_status(tc: TierConfig, phases: list[ColdStartPhases]) -> dict[str, Any]:
+    """The live replicas' cold starts by phase beside the model the fleet budgets with
+    (`fleet.policy.cold_start`): the median of each phase, the modelled terms, and each term's
+    error (measured - modelled; positive: slower than the profile says)."""
+    mod = modelled_startup(tc)
+    return {
+        "replicas": len(phases),
+        "measured": median_phases(phases),
+        "modelled": {"load_s": mod.load_s, "warmup_s": mod.warmup_s, "total_s": mod.total_s},
+        "error": [{"term": e.term, "measured_s": round(e.measured_s, 6), "modelled_s": e.modelled_s,
+                   "error_s": _finite(e.error_s), "ratio": _finite(e.ratio, 4)} for e in model_error(phases, mod)],
+    }
+
+
 def model_status(rec: ModelRecord | None, seed: str) -> dict[str, Any]:
     """What the model registry says of the tier: the live version, the previous known-good, the
     rollout (state: rolling, canary, done) and when it started."""
@@ -122,7 +137,9 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
         "drain_threshold_s": tc.drain_threshold_s,
         "replicas": obs.replicas.by_state,
         "replica_detail": [{"id": r.id, "state": r.state, "version": r.version, "in_use": r.in_use, "slots": r.slots,
-                            "completed": r.completed, "cold_start_s": r.cold_start_s} for r in live.beats],
+                            "completed": r.completed, "cold_start_s": r.cold_start_s,
+                            "cold_start_phases": r.cold_start_phases.as_dict() if r.cold_start_phases else None}
+                           for r in live.beats],
         "floor": sc.floor if sc else tc.warm_floor,
         "ceiling": sc.ceiling if sc else tc.max_replicas,
         "ceiling_by": sc.ceiling_by if sc else "max_replicas",
@@ -134,6 +151,7 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
                            "last_change": sc.last_reason or None} if sc else None),
         **budget_status(live.budget),
         "expected_cold_start_s": cap.startup_s,
+        "cold_start": cold_start_status(tc, [r.cold_start_phases for r in live.beats if r.cold_start_phases]),
         "per_replica_rate": cap.per_replica_rate,
         "rate_factor": cap.rate_factor,
         "admission": ({"ready": view.replicas.ready, "starting": view.replicas.starting} if view is not None

@@ -27,6 +27,7 @@ from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.outcome import Outcome
 from fleet.policy import replica_concurrency, tier_capacity
+from fleet.policy.cold_start import ColdStartPhases
 from fleet.store.affinity import tier_line
 from fleet.store.events import Done, Failed
 from fleet.store.heartbeats import Heartbeat, ReplicaState, remove_heartbeat, write_heartbeat
@@ -72,6 +73,7 @@ class Worker:
         self.completed = 0
         self.failed: str | None = None  # why the replica gave up, if it did
         self.cold_start_s: float | None = None
+        self.cold_start_phases: ColdStartPhases | None = None  # its engine's phases, when it tells them apart
         self.model_name: str | None = None
         self.started_at = time.time()
         self._slot_freed = asyncio.Event()
@@ -99,6 +101,8 @@ class Worker:
             except Exception as e:  # any engine's bad model path, bad settings, missing GPU
                 raise EngineError(f"{type(e).__name__}: {e}", "engine_start_failed") from e
             self.cold_start_s = self.engine.cold_start_s or time.monotonic() - t0
+            self.cold_start_phases = self.engine.cold_start_phases
+            metrics.observe_cold_start(self.tier, self.cold_start_phases)
             self.model_name = self.engine.model_name  # the engine's name, in every answer
             self.concurrency = self._concurrency()
             if self._started is not None:
@@ -368,7 +372,7 @@ class Worker:
         await write_heartbeat(self.redis, self.line.keys, Heartbeat(
             id=self.replica_id, state=self.state, slots=self.concurrency, in_use=len(self.active),
             completed=self.completed, cold_start_s=self.cold_start_s, ts=time.time(), started=self.started_at,
-            pid=os.getpid(), engine=self.engine_name, version=self.version))
+            pid=os.getpid(), engine=self.engine_name, version=self.version, cold_start_phases=self.cold_start_phases))
         # Replica-seconds by state into the spend ledger (idempotent: see fleet.ledger).
         await self.ledger.accrue(self.replica_id, self.state, self.started_at)
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import orjson
 from redis.asyncio import Redis
 
+from fleet.policy.cold_start import ColdStartPhases
 from fleet.store.keys import TierKeys
 
 ReplicaState = Literal["starting", "ready", "draining"]
@@ -38,6 +39,7 @@ class Heartbeat:
     pid: int = 0
     engine: str = ""
     version: str = ""  # the model version it runs (`fleet.store.model_registry`)
+    cold_start_phases: ColdStartPhases | None = None  # its cold start by phase, once started (when its engine says)
 
     def alive(self, now: float, heartbeat_s: float) -> bool:
         """Three missed beats (and a second): the process is gone or wedged."""
@@ -46,6 +48,7 @@ class Heartbeat:
     def dumps(self) -> bytes:
         d = asdict(self)
         d.pop("id")
+        d["cold_start_phases"] = None if self.cold_start_phases is None else self.cold_start_phases.as_dict()
         return orjson.dumps(d)
 
     @classmethod
@@ -54,7 +57,9 @@ class Heartbeat:
         return cls(id=rid, state=b["state"], slots=int(b["slots"]), in_use=int(b["in_use"]),
                    completed=int(b["completed"]), cold_start_s=b.get("cold_start_s"), ts=float(b["ts"]),
                    started=float(b.get("started", b["ts"])), pid=int(b.get("pid", 0)), engine=b.get("engine", ""),
-                   version=b.get("version", ""))
+                   version=b.get("version", ""),
+                   cold_start_phases=ColdStartPhases.from_dict(b["cold_start_phases"]) if b.get("cold_start_phases")
+                   else None)
 
 
 async def write_heartbeat(redis: Redis, keys: TierKeys, beat: Heartbeat) -> None:

@@ -10,7 +10,7 @@ whole, tool calls, logprobs, refusals and reasoning included. What an engine can
 is an `EngineError` of type `invalid_request_error` (a typed 400 for the caller) naming
 the field, never a silent drop.
 
-What else the worker reads of an engine (its measured cold start, its name for the model,
+What else the worker reads of an engine (its measured cold start and its phases, its name for the model,
 its KV cache's size, the tokens a call that ended made) are members of `Engine` too, each
 with the default an engine without it means: an engine subclasses `Engine` and overrides
 those it has, so the worker reads each directly and never asks whether it is there. Which
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Self
 
 from fleet.config import TierConfig
+from fleet.policy.cold_start import ColdStartPhases
 
 
 class EngineError(Exception):
@@ -138,6 +139,12 @@ class Engine(Protocol):
         """Seconds `start` took by the engine's own clock (a sped-up sim's are the model's);
         0: it has none, and the worker times `start` itself."""
         return 0.0
+
+    @property
+    def cold_start_phases(self) -> ColdStartPhases | None:
+        """Its cold start by phase (`fleet.policy.cold_start`: load, init, first_token), known once
+        started; None: it cannot tell them apart, and the replica reports the whole only."""
+        return None
 
     @property
     def model_name(self) -> str | None:

@@ -17,11 +17,25 @@ from collections.abc import AsyncGenerator, Hashable
 from typing import Self
 
 from fleet.config import SimProfile, TierConfig
+from fleet.policy.capacity import startup_seconds
+from fleet.policy.cold_start import ColdStartPhases
 from fleet.prefix import prefix_key
 from fleet.prompt_size import estimate_prompt_tokens
-from fleet.replica_model import ReplicaModel, cold_start_s, prefill_s
+from fleet.replica_model import ReplicaModel, prefill_s, step_s
 from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.sim_answers import answer, logprobs_of
+
+WARMUP_PROMPT_TOKENS = 8  # the sim's warm-up call: a short prompt and one token, as the vllm engine's
+
+
+def cold_start_phases_s(p: SimProfile) -> tuple[float, float, float]:
+    """The profile's cold start as its phases (`fleet.policy.cold_start`): load (weights / load
+    speed), init and first_token, which share the warm-up: the warm-up call is a short prefill and
+    one decode step, and the engine's init is the rest of `warmup_s` (none when the call alone is
+    longer). They sum to `fleet.replica_model.cold_start_s`, the model the fleet budgets with."""
+    load = startup_seconds(p.weights_gb * 1e9, p.load_gb_s * 1e9, 0.0)
+    first = min(p.warmup_s, prefill_s(p, WARMUP_PROMPT_TOKENS) + step_s(p, 1))
+    return load, p.warmup_s - first, first
 
 
 class SimEngine(Engine):
@@ -33,6 +47,7 @@ class SimEngine(Engine):
     """
 
     cold_start_s: float = 0.0  # measured by `start`, at the scaled clock
+    cold_start_phases: ColdStartPhases | None = None  # each phase measured by `start`, at the scaled clock
 
     def __init__(self, profile: SimProfile, *, time_scale: float = 1.0) -> None:
         # time_scale < 1 runs the model faster than life (tests of cold start).
@@ -55,9 +70,17 @@ class SimEngine(Engine):
         return self.profile.kv_capacity_tokens
 
     async def start(self) -> None:
+        """The profile's cold start, phase by phase (`fleet.replica_model.cold_start_phases_s`), each
+        timed by the clock as it passes, so what the replica reports is measured, as a real engine's."""
         t0 = time.monotonic()
-        await asyncio.sleep(cold_start_s(self.profile) * self.time_scale)
+        took = []
+        for s in cold_start_phases_s(self.profile):
+            t = time.monotonic()
+            await asyncio.sleep(s * self.time_scale)
+            took.append(time.monotonic() - t)
         self.cold_start_s = time.monotonic() - t0
+        self.cold_start_phases = ColdStartPhases(load_s=took[0], init_s=took[1], first_token_s=took[2],
+                                                 total_s=self.cold_start_s)
         self._stepper = asyncio.create_task(self._step_loop())
 
     async def stop(self) -> None:
