@@ -124,12 +124,14 @@ class TermError:
 
 
 def median_phases(measured: Iterable[ColdStartPhases]) -> dict[str, float] | None:
-    """The median of each phase (and of the total) over the replicas that reported; None: none did."""
+    """The median of each phase, of the total and of what no phase holds (`unaccounted_s`: a vLLM
+    replica's process spawn and imports) over the replicas that reported; None: none did."""
     ms = list(measured)
     if not ms:
         return None
     out = {f"{p}_s": statistics.median(m.seconds(p) for m in ms) for p in PHASES}
     out["total_s"] = statistics.median(m.total_s for m in ms)
+    out["unaccounted_s"] = statistics.median(m.unaccounted_s for m in ms)  # the start no phase holds
     return out
 
 

@@ -331,6 +331,19 @@ def test_vllm_ttft_and_tpot_recorded(gw: Fleet, vllm_replica: str) -> None:
     assert after["fleet_tpot_seconds"] == before["fleet_tpot_seconds"] + 2
 
 
+def test_vllm_cold_start_phases_in_heartbeat_and_status(gw: Fleet, vllm_replica: str) -> None:
+    """The replica reports vLLM's own load and init timings and its warm-up call (workers.engines.vllm_startup),
+    and the status page sets them beside the tier's modelled start-up."""
+    phases = beat(gw, "routing", vllm_replica)["cold_start_phases"]
+    assert phases is not None
+    assert all(phases[f"{p}_s"] > 0 for p in ("load", "init", "first_token")), phases
+    tier = httpx.get(f"{gw.base_url}/v1/fleet/status", timeout=10).json()["tiers"]["routing"]
+    assert tier["cold_start"]["replicas"] == 1
+    assert {e["term"] for e in tier["cold_start"]["error"]} == {"load", "warmup", "total"}
+    detail = next(r for r in tier["replica_detail"] if r["id"] == vllm_replica)
+    assert detail["cold_start_phases"] == phases
+
+
 def test_vllm_client_leaving_mid_stream_aborts_in_the_engine(gw: Fleet, vllm_replica: str) -> None:
     check_cancel_aborts(gw, "routing", vllm_replica)
 

@@ -137,6 +137,17 @@ async def test_vllm_started_and_warmed(engine) -> None:
 
 
 @needs_vllm
+async def test_vllm_cold_start_phases_from_vllms_own_timings(engine) -> None:
+    """load and init as vLLM's engine core timed them (its log records), first_token the warm-up call:
+    each non-zero, and together no more than the whole start (which also holds the spawn and imports)."""
+    p = engine.cold_start_phases
+    assert p is not None
+    assert p.load_s > 0 and p.init_s > 0 and p.first_token_s > 0, p
+    assert p.total_s == engine.cold_start_s
+    assert p.phases_s <= p.total_s, p
+
+
+@needs_vllm
 async def test_vllm_completion_streams_exact_counts(engine, completion_prompt_tokens: int) -> None:
     req = EngineRequest.build(request_id="cmpl-1", kind="completion", prompt=PROMPT, max_tokens=24, ignore_eos=True)
     deltas = await collect(engine.generate(req))

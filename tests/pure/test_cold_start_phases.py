@@ -46,7 +46,7 @@ def test_model_error_with_a_total_only_model_and_unaccounted_time() -> None:
 
 def test_median_phases_and_round_trip() -> None:
     ps = [_phases(1, 2, 3), _phases(2, 4, 6), _phases(9, 9, 9)]
-    assert median_phases(ps) == {"load_s": 2, "init_s": 4, "first_token_s": 6, "total_s": 12}
+    assert median_phases(ps) == {"load_s": 2, "init_s": 4, "first_token_s": 6, "total_s": 12, "unaccounted_s": 0}
     assert median_phases([]) is None
     p = ColdStartPhases(0.7, 17.0, 0.2, 18.5, compile_s=12.0)
     assert ColdStartPhases.from_dict(p.as_dict()) == p

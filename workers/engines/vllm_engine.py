@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any, Self
 import orjson
 
 from fleet.config import TierConfig, VllmSettings
+from fleet.policy.cold_start import ColdStartPhases
 from fleet.prompt_size import estimate_prompt_tokens
 from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
 from workers.engines.vllm_args import parse_serve_args, serve_argv  # noqa: F401  serve_argv: re-exported
+from workers.engines.vllm_startup import capture, phases
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -69,6 +71,8 @@ class VllmEngine(Engine):
 
     Attributes, valid after `start()`:
         cold_start_s: seconds from `start()` to ready, import, engine build and warm-up included.
+        cold_start_phases: load and init as vLLM timed them itself (`workers.engines.vllm_startup`),
+            first_token as this engine timed its warm-up call; None when vLLM's logging is the operator's.
         max_model_len: the context length the engine enforces.
         kv_capacity_tokens: tokens the KV cache holds, when vLLM reports it.
         model_name: the name answers carry (`served_model_name`, else the model).
@@ -87,6 +91,7 @@ class VllmEngine(Engine):
 
     # Capabilities (`Engine`) as class attributes: what `start` sets then replaces the protocol's defaults.
     cold_start_s: float = 0.0
+    cold_start_phases: ColdStartPhases | None = None
     kv_capacity_tokens: int | None = None
     model_name: str = ""
 
@@ -125,14 +130,16 @@ class VllmEngine(Engine):
         # Building blocks for 12-25 s (weights, engine-core process, KV cache): on a thread,
         # so the worker's loop keeps its heartbeats going.
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, AsyncLLM.from_engine_args, AsyncEngineArgs.from_cli_args(args))
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            fut.add_done_callback(_shutdown_when_built)
-            raise
-        except Exception as e:
-            raise EngineError(f"vLLM engine failed to start: {e}", "engine_start_failed") from e
+        with capture() as vllm_timings:  # vLLM's own start-up timings, from its engine core's log records
+            fut = loop.run_in_executor(None, AsyncLLM.from_engine_args, AsyncEngineArgs.from_cli_args(args))
+            try:
+                await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                fut.add_done_callback(_shutdown_when_built)
+                raise
+            except Exception as e:
+                raise EngineError(f"vLLM engine failed to start: {e}", "engine_start_failed") from e
+            timings = vllm_timings()
         # Hold the engine on self only: a stray reference (this frame can outlive the call)
         # would run AsyncLLM.__del__ at interpreter exit.
         self._engine = fut.result()
@@ -147,12 +154,16 @@ class VllmEngine(Engine):
             # (made in `_serve_args`) stays referenced, and with it each caller's, this one's included.
             del state
             self._read_limits(self._engine)
+            t_warm = time.monotonic()  # vLLM does not time a first call: the fleet times its warm-up call
             await self._warmup()
+            first_token_s = time.monotonic() - t_warm
         except BaseException:
             await self.stop()
             raise
         self.cold_start_s = time.monotonic() - t0
-        log.info("vllm engine ready: model=%s cold_start=%.1fs", self.model_name, self.cold_start_s)
+        self.cold_start_phases = phases(timings, first_token_s, self.cold_start_s)
+        log.info("vllm engine ready: model=%s cold_start=%.1fs phases=%s", self.model_name, self.cold_start_s,
+                 self.cold_start_phases)
 
     def _serve_args(self) -> Any:
         """The tier's flags through vLLM's own `vllm serve` parser: vLLM's defaults, vLLM's checks."""
