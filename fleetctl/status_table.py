@@ -166,6 +166,26 @@ def window_line(tier: str, w: dict[str, Any]) -> str:
     return f"{tier}: pre-warm ({when}) {head}, until {_clock(w['end'], tz)} {tz}: {w['why']}"
 
 
+def cold_start_line(tier: str, s: dict[str, Any]) -> str | None:
+    """The live replicas' cold start by phase (medians) beside the model, and the model's error
+    (docs/operations.md, "Cold starts by phase"). None while no replica has told its phases."""
+    cs = s.get("cold_start") or {}
+    m = cs.get("measured")
+    if not cs.get("replicas") or not m:
+        return None
+    parts = f"load {m['load_s']:.2f}s, init {m['init_s']:.2f}s, first token {m['first_token_s']:.2f}s"
+    if m.get("unaccounted_s", 0) >= 0.01:
+        parts += f", other {m['unaccounted_s']:.2f}s"
+    errs = {e["term"]: e for e in cs.get("error") or ()}
+    mod = cs.get("modelled") or {}
+    model = f"model {mod.get('total_s', 0):.2f}s"
+    if mod.get("load_s") is not None:
+        model += f" (load {mod['load_s']:.2f}s, warm-up {mod['warmup_s']:.2f}s)"
+    worst = [f"{t} {e['error_s']:+.2f}s" for t, e in errs.items() if e.get("error_s") is not None]
+    return (f"{tier}: cold start (median of {cs['replicas']}) {m['total_s']:.2f}s = {parts}; {model}; "
+            f"error {', '.join(worst)}")
+
+
 def render(doc: dict[str, Any], console: Console | None = None, *, wide: bool = False) -> None:
     """The status document as tables: each tier's line, drain and replicas; the scaler's last
     reason; spend against budget. Narrow (the default) fits the console; `wide` shows every
@@ -191,6 +211,8 @@ def render(doc: dict[str, Any], console: Console | None = None, *, wide: bool = 
         for w in s.get("prewarm_windows") or ():  # each scheduled window's planned start, and why
             console.print(window_line(tier, w), markup=False)
         if (line := degraded_line(tier, s)) is not None:  # the narrow table has no room for it
+            console.print(line, markup=False)
+        if (line := cold_start_line(tier, s)) is not None:  # measured by phase, beside the model
             console.print(line, markup=False)
     for t in tables[1:]:
         console.print(t)

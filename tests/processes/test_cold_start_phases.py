@@ -4,12 +4,15 @@ gateway's metrics, and they add up to the cold start the replica measured."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import orjson
 
 from fleet.policy.cold_start import PHASES
 from fleet.redis_server import free_port
-from tests.harness import Fleet, wait_until
+from tests.harness import ROOT, Fleet, wait_until
 from tests.processes.test_metrics import scrape, value
 
 TOLERANCE_S = 0.02  # the phases are timed back to back: only the loop between them is left out
@@ -65,3 +68,16 @@ def test_sim_cold_start_phases_in_metrics_and_status(fleet: Fleet) -> None:
     assert (
         abs(value(gw, "fleet_cold_start_model_error_seconds", tier="routing", term="total") - total["error_s"]) < 1e-3
     )
+
+    # `fleet status`: a line under the table with the phases, the model and its error.
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetctl", "status", "--url", fleet.base_url],
+        env={**fleet.env, "COLUMNS": "200"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("routing: cold start"))
+    assert "median of 1" in line and "first token" in line and "model 0.20s" in line and "error" in line, line

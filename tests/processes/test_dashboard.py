@@ -68,6 +68,10 @@ def test_dashboard_shows_each_tier_and_follows_load(fleet: Fleet, browser) -> No
     prewarm = field("planner", "prewarm")
     assert prewarm.startswith("floor 2 ready by ") and ", starts " in prewarm, prewarm
     assert field("routing", "prewarm") == "—"
+    # The routing replica's cold start (median of its phases) beside the model and its error; the planner has none.
+    cold = field("routing", "coldstart")
+    assert " (model 0.20, " in cold, cold
+    assert field("planner", "coldstart") == "—"
 
     # Load arrives: 12 calls the routing replica serves, 3 that wait in the planner's line.
     load = [threading.Thread(target=chat, args=(fleet, "routing")) for _ in range(12)]
