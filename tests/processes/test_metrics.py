@@ -16,7 +16,8 @@ from tests.harness import Fleet, wait_until
 TIERS = ("routing", "analysis", "planner")
 # Every label the fleet's metrics may carry; each has a config- or code-bounded set of values.
 BOUNDED_LABELS = {"tier", "priority", "state", "outcome", "reason", "kind", "window", "action", "event", "replica",
-                  "le", "version", "class", "source", "result"}  # versions: those the model registry knows
+                  "le", "version", "class", "source", "result",  # versions: those the model registry knows
+                  "phase", "term"}  # phase: load, init, first_token; term: load, warmup, total
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
