@@ -1,7 +1,8 @@
 """Calls on replicas, in simulated time: what the workers and their sim engines do live.
 
-- a ready replica with a free slot and room in its KV cache takes the head of
-  the line (strict class order; a lower class never overtakes a higher one);
+- a ready replica with a free slot and room in its KV cache takes what the claim
+  rule says (`fleet.policy.choose_take`, the live claim's rule: strict class order,
+  the slots kept for higher classes, the affinity hold), least busy replica first;
 - the call reserves its KV room, pays its prefill beside the batch, then joins
   the replica's decode batch, whose step is re-timed at every change of the
   batch (`fleet.replica_model.ReplicaModel`, the sim engine's own model);
@@ -9,8 +10,8 @@
   whose deadline passes in the line expires there and never reaches a replica;
 - with `preemption.enabled`, a call that finds no free slot takes one from a running
   call of a lower class (`fleet.policy.choose_victim`, once per waiting call), which
-  goes back to the head of its class; the sim knows no replica has a free slot, so
-  `min_wait_ms` does not apply, and `reserved_slots` are not modelled;
+  goes back to the head of its class; the sim knows no replica has a free slot for
+  it, so `min_wait_ms` does not apply;
 - replicas pay their cold start before serving; a replica chosen to leave
   (`fleet.policy.scale_in_victims`) drains: it takes nothing new and stops when
   its last call has ended, so nothing in flight is lost.
@@ -21,15 +22,20 @@ finish is scheduled when the batch changes, and superseded by the next change.
 
 from __future__ import annotations
 
-import itertools
+import math
 from typing import Protocol
 
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
 from fleet.replica_model import ReplicaModel, prefill_s
-from simulator.events import ABORT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
+from simulator.events import ABORT, CLIENT, DECODED, EXPIRE, PREFILLED, READY, EventQueue
 from simulator.gpus import SimGpus
 from simulator.line import FlowShares
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
+from simulator.taking import hold_rules, prefix_of, remember, take_for
+
+
+def _busy(r: SimReplica) -> int:
+    return r.running
 
 
 class CallEnds(Protocol):
@@ -38,12 +44,6 @@ class CallEnds(Protocol):
     def completed(self, req: Req) -> None: ...
 
     def timed_out(self, req: Req) -> None: ...
-
-
-def prefix_of(req: Req) -> object | None:
-    """The prefix a call re-sends: its chain's, where the chain is one conversation; else none."""
-    ch = req.chain
-    return ch if ch is not None and ch.arrival.conversation else None
 
 
 class Serving:
@@ -137,58 +137,58 @@ class Serving:
             self.events.push(req.deadline, EXPIRE, req)
 
     def dispatch(self, tier: TierSim) -> None:
-        """Hand the head of the line to the least busy ready replica with a free slot and KV room."""
+        """The replicas with a free slot claim, least busy first, one slot at a time, each taking
+        what the claim rule says (`fleet.policy.choose_take`, via `simulator.taking`): class
+        order, the caps of the reserved slots, the affinity hold. When none takes anything, the
+        head of the best class may preempt; calls left for their holders are looked at again
+        when the first of them is due."""
         if not tier.waiting or not tier.n_ready:
             return
-        slots = tier.tc.slots
-        by_class = tier.by_class
-        ready = tier.ready_list
-        for cls in range(len(by_class)):
-            q = tier.line[cls]
-            while by_class[cls]:
-                req = q[0]
-                if req.state != QUEUED:
-                    q.popleft()
+        slots, t, hold, calls_on = tier.tc.slots, self.events.t, hold_rules(tier), self.calls_on
+        while tier.waiting:
+            took, held, retry = False, False, 0.0
+            for r in sorted((r for r in tier.ready_list if r.running < slots), key=_busy):
+                take, req = take_for(tier, r, tuple(c.call.cls for c in calls_on.get(r.id, ())), hold, t)
+                if take.retry_ms > 0 and (retry == 0 or take.retry_ms < retry):
+                    retry = take.retry_ms
+                if req is None:
+                    held = held or take.reason == "held"
                     continue
-                pair = self._affine(tier, cls, ready) if tier.affine else None
-                if pair is not None:
-                    req, best = pair
-                    q.remove(req)
+                if take.drop:  # its deadline passed in the line: it leaves, untaken
+                    if req.state == QUEUED:
+                        self.on_expire(req)
+                    else:
+                        self._unline(tier, req)
+                elif not r.model.fits(req.kv):
+                    continue  # no KV room here for it: the next replica looks
                 else:
-                    need = req.kv
-                    best = None
-                    least = slots
-                    for r in ready:
-                        if r.running < least and r.model.kv_used + need <= r.model.kv_capacity:
-                            best = r
-                            least = r.running
-                    if best is None:
-                        if cls < len(by_class) - 1 and tier.tc.preemption.enabled and self._preempt_for(tier, req):
-                            continue  # a slot is free for it now
-                        return  # a lower class never overtakes a higher one
-                    q.popleft()
-                by_class[cls] -= 1
-                tier.waiting -= 1
-                self.begin(tier, req, best)
-
-    def _affine(self, tier: TierSim, cls: int, ready: list[SimReplica]) -> tuple[Req, SimReplica] | None:
-        """An affine claim's pick (`fleet.store.affinity`): among the first `window` calls of the
-        class, the first whose prefix a ready replica with room has cached, never past a call that
-        is due (waited its class's hold, or near its deadline). The hold itself (a call waiting
-        for its full holder) is not modelled: such a call goes to the least busy replica."""
-        a, t, slots = tier.tc.affinity, self.events.t, tier.tc.slots
-        hold, slack = tier.hold_s[cls], a.slack_ms / 1000
-        for req in itertools.islice(tier.line[cls], a.window):
-            if req.state != QUEUED:
+                    self._unline(tier, req)
+                    remember(tier, req, r, t)
+                    self.begin(tier, req, r)
+                took = True
+                break
+            if took:
                 continue
-            key = prefix_of(req)
-            if key is not None:
-                for r in ready:
-                    if r.running < slots and key in r.model.prefixes and r.model.fits(req.kv):
-                        return req, r
-            if t - req.t_arr >= hold or req.deadline - t <= slack:
-                return None
-        return None
+            if retry > 0:
+                self._wake_at(tier, t + retry / 1000)
+            cls = next(c for c, n in enumerate(tier.by_class) if n)
+            if (not held and cls < len(tier.by_class) - 1 and tier.tc.preemption.enabled
+                    and self._preempt_for(tier, tier.line[cls][0])):
+                continue  # a slot is free for it now
+            return  # a lower class never overtakes a higher one
+
+    def _wake_at(self, tier: TierSim, at: float) -> None:
+        """Dispatch again at `at`, when a call left for its holder is due (live: the claim's retry)."""
+        at += 1e-6  # past the instant, so the call counts as due then
+        if self.events.t < tier.hold_wake <= at:
+            return  # one is due sooner already
+        tier.hold_wake = at
+        self.events.push(at, CLIENT, (self._woken, tier))
+
+    def _woken(self, tier: TierSim) -> None:
+        if tier.hold_wake <= self.events.t:
+            tier.hold_wake = math.inf
+        self.dispatch(tier)
 
     def begin(self, tier: TierSim, req: Req, r: SimReplica) -> None:
         t = self.events.t
@@ -282,7 +282,8 @@ class Serving:
         """Its caller left and no retry took it over (`simulator.clients`): out of the line, or
         aborted in its engine (the tokens it made paid for)."""
         if req.state == QUEUED:
-            self._unline(req)
+            self._unline(req.tier, req)
+            req.state = FINISHED
         elif req.state != RUNNING or not self._stop(req):
             return  # ended already, or completed this very instant
         req.tier.outcomes[req.call.cls].cancelled += 1
@@ -310,14 +311,13 @@ class Serving:
     def on_expire(self, req: Req) -> None:
         if req.state != QUEUED:
             return
-        self._unline(req)
+        self._unline(req.tier, req)
+        req.state = FINISHED
         req.tier.outcomes[req.call.cls].expired_waiting += 1
         self.ends.timed_out(req)
 
-    def _unline(self, req: Req) -> None:
-        """A waiting call leaves the line other than to a replica (expired or cancelled)."""
-        tier = req.tier
-        req.state = FINISHED
+    def _unline(self, tier: TierSim, req: Req) -> None:
+        """A waiting call leaves the line: to a replica, or expired or cancelled (the caller ends it)."""
         tier.line[req.call.cls].remove(req)
         tier.by_class[req.call.cls] -= 1
         tier.waiting -= 1

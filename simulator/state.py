@@ -51,7 +51,7 @@ class ChainRun:
 class SimReplica:
     """One replica: its lifecycle and its `ReplicaModel` (KV cache and decode batch)."""
 
-    __slots__ = ("id", "last_t", "model", "ready_at", "running", "started", "state", "stopped", "version")
+    __slots__ = ("claimed", "id", "last_t", "model", "ready_at", "running", "started", "state", "stopped", "version")
 
     def __init__(self, rid: str, model: ReplicaModel, started: float, ready_at: float, ready: bool = False) -> None:
         self.id = rid
@@ -63,6 +63,7 @@ class SimReplica:
         self.last_t = started  # the instant its model was last advanced to
         self.version = 0  # bumped at every batch change: a scheduled finish from before is stale
         self.stopped: float | None = None
+        self.claimed = started  # when it last ran a claim (`simulator.taking`: a holder is live)
 
 
 class Req:
@@ -152,6 +153,11 @@ class TierSim:
         self.preemptible = [0] * len(CLASSES)
         self.affine = tc.affinity.enabled  # a call goes where its prefix is cached (`fleet.store.affinity`)
         self.hold_s = [w / 1000 for w in tc.affinity.waits_ms(tc.wait_limit_s)]  # per class rank
+        # prefix -> the replica that last took a call of it, and when (the live claim's `aff` records)
+        self.holders: dict[object, tuple[SimReplica, float]] = {}
+        self.hold_wake = math.inf  # when a dispatch is due for calls left for their holders (inf: none)
+        # rank -> slots per replica kept for it and the classes above (`fleet.policy.claim_caps`)
+        self.reserved = {int(Priority[c]): n for c, n in tc.preemption.reserved_slots.items()}
         self.wait_goal = [tc.wait_limit(p) for p in Priority]  # a call with no deadline stated: its objective
         self.prompt_tokens = 0  # of the calls begun, and of those the tokens their prefills computed
         self.prefill_tokens = 0

@@ -26,7 +26,10 @@ ceiling itself. The modules, each importing only those above it:
 - `rollout`: replacing replicas by the live model version one at a time, and
   judging a promotion against the version it replaced.
 - `preemption`: which running request gives its slot to a higher class, and the
-  slots a replica keeps for higher classes.
+  slots a replica keeps for higher classes;
+- `claim`: what one free slot of a replica takes from the line (class order, the
+  caps of its reserved slots, the affinity hold, due calls never passed over): the
+  rule the line's Lua claims apply and the simulator calls for every take.
 """
 
 from fleet.policy.admission import (
@@ -56,6 +59,7 @@ from fleet.policy.capacity import (
     seconds_to_drain,
     startup_seconds,
 )
+from fleet.policy.claim import Holder, HoldRules, ReplicaView, Take, Waiting, caps_of, choose_take
 from fleet.policy.observation import (
     AdmissionInput,
     BudgetSignal,
@@ -124,23 +128,28 @@ __all__ = [
     "BudgetSignal",
     "BudgetView",
     "Calibration",
+    "HoldRules",
+    "Holder",
     "ObservedReplica",
     "Outcome",
     "PlanInput",
     "PlanState",
     "Prewarm",
     "PrewarmOrder",
+    "ReplicaView",
     "Replicas",
     "RolloutStep",
     "RunningRequest",
     "ScaleDecision",
     "ServiceForecast",
+    "Take",
     "TierCapacity",
     "TierObservation",
     "TierPlan",
     "TierState",
     "Verdict",
     "VersionStats",
+    "Waiting",
     "WaitingRequest",
     "active_prewarm",
     "active_windows",
@@ -154,7 +163,9 @@ __all__ = [
     "budget_signal",
     "calibrate",
     "calibrated_capacity",
+    "caps_of",
     "ceiling_of",
+    "choose_take",
     "choose_victim",
     "claim_caps",
     "cost_per_million_tokens",
