@@ -248,7 +248,7 @@ class Admission:
             with contextlib.suppress(Exception):
                 await self.admitting.unmark(k, member)
             raise refusal(decision.reason or "drain_exceeded", decision.message, req, decision.retry_after_s,
-                          final=decision.final)
+                          final=decision.final, busy_s=obs.busy_s, starting=obs.replicas.starting)
         rep = self.cfg.replication
         ack = Ack(rep.ack_replicas, rep.ack_timeout_ms) if rep.waits(req.priority.name) else None
         return Ticket(req, self.redis, k.admitting, member, k.request(req.rid), ack)

@@ -92,12 +92,15 @@ CHARGED_IF_TAKEN = frozenset({Outcome.COMPLETED, Outcome.CANCELLED, Outcome.EXPI
 FINAL_CODES = frozenset({"budget_exhausted", "key_budget_exhausted", "retry_budget_exhausted"})
 
 
-def refusal(code: str, message: str, req: AdmissionRequest, retry_after_s: float, *, final: bool = False) -> APIError:
+def refusal(code: str, message: str, req: AdmissionRequest, retry_after_s: float, *, final: bool = False,
+            busy_s: float = 0.0, starting: int = 0) -> APIError:
     """The typed 429 of the contract: Retry-After in whole seconds (>= 1) and retry-after-ms, and
-    `x-should-retry` (`fleet.policy.client_clock.should_retry`); body with tier, priority, retry_after_s."""
+    `x-should-retry` (`fleet.policy.client_clock.should_retry`: `busy_s` and `starting`, what
+    admission observed of the tier's line, say whether it is in a sustained overload); body with
+    tier, priority, retry_after_s."""
     secs = max(1, math.ceil(retry_after_s - 1e-9))
     again = should_retry(retry_after_s=secs, retryable=not final and code not in FINAL_CODES,
-                         attempts_left=req.clock.attempts_left)
+                         attempts_left=req.clock.attempts_left, busy_s=busy_s, starting=starting)
     return APIError(429, message, "at_capacity", code=code, headers=retry_headers(secs, again),
                     tier=req.tier, priority=req.priority.name, retry_after_s=secs)
 
@@ -124,7 +127,7 @@ class Ticket:
         which also ends this ticket; the being-admitted mark expires by itself."""
         return await line.enqueue(self.req.rid, self.req.priority, payload, self.req.deadline_ms, chain,
                                   admitting=(self.admitting_key, self.member), ack=self.ack, affinity=affinity,
-                                  place=self.req.place, wake=wake)
+                                  place=self.req.place, wake=wake, deadline_source=self.req.clock.source)
 
     async def close(self, outcome: Outcome | None, usage: Usage | None = None) -> None:
         """End the request's reservations once, by its outcome. Later calls do nothing.

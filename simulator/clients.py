@@ -170,7 +170,8 @@ class Clients:
             moved = None if d.admitted else self.sim.degrader.target(t, call, d.reason or "", judged_s)
             if not d.admitted and moved is None:
                 out.shed[d.reason] = out.shed.get(d.reason, 0) + 1
-                self._refused(sc, tier, d.reason or "drain_exceeded", d.retry_after_s, final=d.final, left=left)
+                self._refused(sc, tier, d.reason or "drain_exceeded", d.retry_after_s, final=d.final, left=left,
+                              busy_s=obs.busy_s if self.on else 0.0, starting=obs.replicas.starting)
                 return
             if moved is not None:  # served by a smaller tier; its SDK's retry would ask the first again
                 call, tier = moved
@@ -201,15 +202,17 @@ class Clients:
         return clock.deadline_ms / 1000, clock.judged_ms / 1000, patience, clock.attempts_left
 
     def _refused(self, sc: SdkCall, tier: TierSim, reason: str, retry_after_s: float, *, final: bool,
-                 left: int | None) -> None:
-        """A typed 429: the SDK obeys its `x-should-retry` (`should_retry`), waits its Retry-After
-        where it honours it, and retries while it has retries left; else the call fails."""
+                 left: int | None, busy_s: float = 0.0, starting: int = 0) -> None:
+        """A typed 429: the SDK obeys its `x-should-retry` (`should_retry`, as the gateway asks it:
+        `busy_s` and `starting` as admission observed the tier), waits its Retry-After where it
+        honours it, and retries while it has retries left; else the call fails."""
         self.stats.refused += 1
         if reason == "retry_budget_exhausted":
             out = tier.outcomes[sc.call.cls]
             out.arrived += 1
             out.shed[reason] = out.shed.get(reason, 0) + 1
-        again = should_retry(retry_after_s=retry_after_s, retryable=not final, attempts_left=left)
+        again = should_retry(retry_after_s=retry_after_s, retryable=not final, attempts_left=left,
+                             busy_s=busy_s, starting=starting)
         if sc.k < sc.spec.retries and retries_refusal(429, again, retry_after_s):
             sc.invited = self.on and again  # the gateway noted it asked for this retry
             self._retry_after(sc, retry_after_s)

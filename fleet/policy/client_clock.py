@@ -96,10 +96,39 @@ def _short(ms: int) -> int:
     return max(1, ms - max(CLIENT_MARGIN_MS, ms // 20))
 
 
-def should_retry(*, retry_after_s: float, retryable: bool, attempts_left: int | None) -> bool:
+def sustained_overload(*, retry_after_s: float, busy_s: float, attempts_left: int | None,
+                       starting: int = 0, sdk_retries: int = 2) -> bool:
+    """The tier's line has been overloaded too long for a retry within the caller's patience to be
+    served: the forecast behind Retry-After (the line drains at the service rate, nothing new
+    arriving) is already contradicted by what was observed.
+
+    The caller's SDK would make its retries `retry_after_s` apart (it honours our Retry-After), the
+    last of them `retry_after_s x retries left` from now. The line has held a call for `busy_s`
+    (its oldest wait) while it kept refusing: arrivals are refilling it as fast as it drains. A
+    spell that has already lasted as long as the caller's whole patience is forecast to outlast it
+    (it has lasted at least that long; nothing observed says it ends sooner), so every retry
+    would be refused again. Not so while a replica is `starting`: capacity is on its way, and the
+    line will drain faster than it has. A short burst (a spell younger than that patience) is
+    still told to retry."""
+    if starting > 0 or busy_s <= 0:
+        return False
+    retries = sdk_retries if attempts_left is None else attempts_left
+    patience = max(0.0, retry_after_s) * max(1, retries)
+    return busy_s >= patience
+
+
+def should_retry(*, retry_after_s: float, retryable: bool, attempts_left: int | None, busy_s: float = 0.0,
+                 starting: int = 0) -> bool:
     """`x-should-retry` on a refusal: a retry can be served (the refusal is not final: a spent
     budget, a key not allowed, a deadline no empty line could meet are) within what the SDK
-    honours, and the caller has a retry left (or did not say)."""
+    honours, the tier's line is not in a sustained overload (`sustained_overload`, from its
+    `busy_s` and replicas `starting`), and the caller has a retry left (or did not say).
+
+    The gateway's refusals (`gateway.tickets.refusal`) and the simulator's callers
+    (`simulator.clients`) both ask this, with what their admission observed of the tier."""
     if not retryable or retry_after_s > SDK_LONGEST_RETRY_AFTER_S:
         return False
-    return attempts_left is None or attempts_left > 0
+    if attempts_left is not None and attempts_left <= 0:
+        return False
+    return not sustained_overload(retry_after_s=retry_after_s, busy_s=busy_s, attempts_left=attempts_left,
+                                  starting=starting)

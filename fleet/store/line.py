@@ -17,7 +17,9 @@ Shape (all keys of a tier share its hash tag, see `fleet.store.keys`):
   -> done, and only `finish` sets done, once: that is what makes every
   accepted request end in exactly one outcome. Wherever it ends its payload goes
   at once: it keeps state, outcome, owner, attempt, class, chain and timing
-  (~250 B) for `result_ttl_s`, what a late finish or a caller still reading needs.
+  (~250 B) for `result_ttl_s`, what a late finish or a caller still reading needs,
+  and `deadline_source` (header, client or default: where its deadline came from,
+  `fleet.policy.client_clock`) when the gateway gave one.
 - A full replica may preempt a running request of a lower class for one
   waiting above it (PREEMPT): the victim goes back with its own score and its
   lease ends; the waiter gets a `pmark` (when), so no other replica preempts
@@ -161,7 +163,7 @@ class Line(LineResults):
     async def enqueue(self, rid: str, priority: Priority, payload: bytes, deadline_ms: int,
                       chain: str = "", admitting: tuple[str, str] | None = None, *,
                       ack: Ack | None = None, affinity: str = "", place: Place | None = None,
-                      wake: bytes | None = None) -> int:
+                      wake: bytes | None = None, deadline_source: str = "") -> int:
         """Join the line; returns the absolute deadline on the Redis clock.
 
         `admitting` (key, member): the admission mark this request held, dropped in the same
@@ -171,6 +173,7 @@ class Line(LineResults):
         its prefix key, which affine claims prefer on the replica that holds it (`fleet.store.affinity`).
         `place`: its flow in a fair tier (`fleet.store.flows`); None: by arrival within its class (fifo).
         `wake`: a result reader's wake stream (`reader_wake_key`) rung in the same step.
+        `deadline_source`: where its deadline came from (header, client, default), kept in its record.
         """
         k, fair = self.keys, place or Place("", 0, 1.0)
         flow_clock, flow = fair.keys(k, int(priority))
@@ -180,7 +183,8 @@ class Line(LineResults):
             callers=k.callers, reader_wake=wake, prefix=self.prefix, rid=rid, rank=int(priority), payload=payload,
             deadline_ms=deadline_ms, priority=priority.name, chain=chain, ttl_s=self.result_ttl_s,
             window_ms=self.window_ms, admitting_member=admitting[1] if admitting else "", gateway=self.caller,
-            lease_ms=LEASE_MS, cost=place.cost if place else "", half_ms=fair.half_ms, affinity=affinity)
+            lease_ms=LEASE_MS, cost=place.cost if place else "", half_ms=fair.half_ms, affinity=affinity,
+            deadline_source=deadline_source)
         if ack is None or ack.replicas <= 0 or not await self.replicas.known():
             deadline, _ = await self._enqueue.registered(keys=keys, args=args)
             return int(deadline)

@@ -57,7 +57,7 @@ end
 
 # An end the scripts write themselves (`emit`), and `retire`: a request that ends keeps only
 # what the exactly-once and late-finish rules read (state, outcome, owner, attempt, timing), and
-# its class and chain for an operator: the payload, which can be a whole agent context, and the
+# its class, chain and deadline's source for an operator: the payload, which can be a whole agent context, and the
 # line bookkeeping go now, not at the TTL. The hash is written afresh rather than trimmed with
 # HDEL: a hash that once held a large field keeps Redis's large encoding (~750 B for these few
 # fields), a new one is packed (~150 B). It also leaves the set of calls its gateway answers for
@@ -67,7 +67,8 @@ local function emit(res, field, value, ttl)
   redis.call('XADD', res, '*', field, value)
   redis.call('EXPIRE', res, ttl)
 end
-local KEPT = {'owner', 'attempt', 'priority', 'chain', 'deadline', 'enq', 'claimed', 'streamed', 'preempted'}
+local KEPT = {'owner', 'attempt', 'priority', 'chain', 'deadline', 'enq', 'claimed', 'streamed', 'preempted',
+  'deadline_source'}
 local function retire(req, rid, outcome, ttl)
   local f = redis.call('HMGET', req, 'gw', unpack(KEPT))
   local kept = {'state', 'done', 'outcome', outcome}

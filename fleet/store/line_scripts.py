@@ -21,6 +21,7 @@ __all__ = ["CLAIM", "CLASS_SPAN", "EMIT", "ENQUEUE", "FINISH", "MISSING", "OBSER
 # `cost` '' places the call by arrival (fifo); else by its flow's start tag (`fleet.store.flows`):
 # the flow's record becomes start + cost, kept ten half-lives past the call's deadline.
 # `affinity`: the call's prefix key (`fleet.store.affinity`), kept as `aff` ('' for none).
+# `deadline_source`: where its deadline came from (header, client, default), kept as such ('' for none).
 # `reader_wake`, optional: a gateway's result-reader wake stream to ring (`fleet.store.line_results`):
 # a reader blocked in a read that does not name this call's stream yet reads again, with it, in
 # the same step as the call joins, not one round trip of its own later.
@@ -30,7 +31,7 @@ ENQUEUE = Script(
     keys=("line", "seq", "bell", "counters", "arrivals", "req", "flow_clock", "flow", "admitting", "callers"),
     optional_keys=("reader_wake",),
     args=("prefix", "rid", "rank", "payload", "deadline_ms", "priority", "chain", "ttl_s", "window_ms",
-          "admitting_member", "gateway", "lease_ms", "cost", "half_ms", "affinity"),
+          "admitting_member", "gateway", "lease_ms", "cost", "half_ms", "affinity", "deadline_source"),
     consts=LINE_CONSTS, uses=(MARK, FLOW_START), body="""
 local rel = tonumber(deadline_ms)
 if gateway ~= '' then
@@ -52,6 +53,7 @@ local deadline = now + rel
 redis.call('HSET', req, 'payload', payload, 'rank', rank, 'priority', priority, 'chain', chain,
   'deadline', n2s(deadline), 'enq', n2s(now), 'score', score, 'state', 'queued', 'attempt', 0, 'owner', '')
 if affinity ~= '' then redis.call('HSET', req, 'aff', affinity) end
+if deadline_source ~= '' then redis.call('HSET', req, 'deadline_source', deadline_source) end
 redis.call('PEXPIRE', req, rel + tonumber(ttl_s) * 1000)
 redis.call('ZADD', line, score, rid)
 if redis.call('LPUSH', bell, 1) > 64 then redis.call('LTRIM', bell, 0, 63) end

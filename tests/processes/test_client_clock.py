@@ -180,6 +180,89 @@ def test_retries_that_join_nothing_are_held_to_the_retry_budget(fleet: Fleet) ->
     assert metric(fleet, "fleet_retries_total", tier=TIER, result="budget_refused") >= 1
 
 
+def test_the_request_record_says_where_its_deadline_came_from(fleet: Fleet) -> None:
+    # An SDK's call with no X-Deadline-Ms runs on its client's clock: its record in the line says so.
+    r = httpx.post(f"{fleet.base_url}/v1/chat/completions", json=body(2, f"record {time.time()}"),
+                   headers=sdk_headers(600, 0), timeout=10)
+    assert r.status_code == 200
+    src = fleet.r.hget(fleet.keys(TIER).request(r.headers["x-request-id"]), "deadline_source")
+    assert src in (b"client", "client"), src
+    r = httpx.post(f"{fleet.base_url}/v1/chat/completions", json=body(2, f"record {time.time()}"),
+                   headers={"X-Deadline-Ms": "20000"}, timeout=10)
+    src = fleet.r.hget(fleet.keys(TIER).request(r.headers["x-request-id"]), "deadline_source")
+    assert r.status_code == 200 and src in (b"header", "header"), src
+
+
+def _oldest_wait_s(f: Fleet) -> float:
+    """How long the tier's line has held its oldest waiting call, on the Redis clock."""
+    r, k = f.r, f.keys(TIER)
+    now_s, now_us = r.time()
+    enq = [float(r.hget(k.request(rid.decode() if isinstance(rid, bytes) else rid), "enq") or 0)
+           for rid in r.zrange(k.line, 0, -1)]
+    return (now_s + now_us / 1e6) - min(enq) / 1000 if enq else 0.0
+
+
+def _refused_probe(f: Fleet) -> list[str]:
+    """The real openai client (0.3 s timeout, its default 2 retries) asks for one token behind a full
+    replica and a waiting call: refused, as what its client would abandon. Each attempt's
+    `x-should-retry`, as the SDK read it."""
+    told: list[str] = []
+
+    def got(r: httpx.Response) -> None:
+        told.append(r.headers.get("x-should-retry", "") if r.status_code == 429 else str(r.status_code))
+
+    http = httpx.Client(timeout=0.3, event_hooks={"response": [got]})
+    c = openai.OpenAI(base_url=f"{f.base_url}/v1", api_key="unused", timeout=0.3, http_client=http)
+    with pytest.raises(openai.RateLimitError):
+        c.chat.completions.create(model=TIER, messages=[{"role": "user", "content": f"probe {time.time()}"}],
+                                  max_tokens=1)
+    return told
+
+
+@pytest.mark.parametrize("sustained", [False, True], ids=["short-burst", "sustained-overload"])
+def test_under_a_sustained_overload_the_sdk_is_told_not_to_retry(fleet: Fleet, sustained: bool) -> None:
+    # Four 8 s calls fill the replica's four slots and a fifth waits. A short burst (the line just
+    # filled): the refusal says x-should-retry true, and the SDK retries. A sustained overload (the
+    # line has held its call for the whole rate window, 5 s, at least the Retry-After times the
+    # caller's retries left): a retry would be refused again, so x-should-retry false, and the SDK
+    # makes one attempt. The server counts the refusals.
+    k = fleet.keys(TIER)
+    wait_until(lambda: fleet.r.zcard(k.inflight) == 0 and fleet.r.zcard(k.line) == 0, 30,
+               what="an idle replica and an empty line")
+
+    def refusals() -> float:
+        return metric(fleet, "fleet_shed_total", tier=TIER, priority="interactive", reason="deadline_unmeetable")
+
+    async def fill(h: httpx.AsyncClient, i: int) -> None:
+        await h.post("/v1/chat/completions", json=body(800, f"fill {i} {time.time()}"), timeout=20)
+
+    async def main() -> tuple[list[str], int]:
+        async with httpx.AsyncClient(base_url=fleet.base_url) as h:
+            tasks = [asyncio.create_task(fill(h, i)) for i in range(5)]
+            try:
+                await asyncio.to_thread(wait_until, lambda: fleet.r.zcard(k.inflight) == 4
+                                        and fleet.r.zcard(k.line) == 1, 10, what="the line full")
+                if sustained:
+                    await asyncio.to_thread(wait_until, lambda: _oldest_wait_s(fleet) >= 5.2, 8,
+                                            what="the line busy the whole rate window")
+                before = refusals()
+                told = await asyncio.to_thread(_refused_probe, fleet)
+                return told, int(refusals() - before)
+            finally:
+                for t in tasks:  # hang up: the fill calls are cancelled
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    told, refused = asyncio.run(main())
+    assert refused == len(told), (told, refused)  # every attempt reached the server, refused
+    if sustained:
+        assert told == ["false"]  # one attempt: the SDK obeyed
+    else:
+        # Told to retry, and it did; once the line has stayed full as long as its patience left
+        # (1 s of Retry-After for its last retry), the retry is told false.
+        assert told[0] == "true" and len(told) >= 2, told
+
+
 async def _leave_after(f: Fleet, b: dict[str, object], headers: dict[str, str], after_s: float) -> float:
     """Send a call and hang up after `after_s` (once it runs), as a client whose timeout fired; when it left."""
     async with httpx.AsyncClient(base_url=f.base_url) as h:
