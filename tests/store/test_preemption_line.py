@@ -180,9 +180,16 @@ def _saturated(preempt: bool) -> dict:  # type: ignore[type-arg]
 def test_the_simulator_preempts_through_the_policy_and_reports_it() -> None:
     from simulator.report import render_summary, summarize
     from simulator.run import simulate
-    from simulator.scenario import parse_scenario
+    from simulator.scenario import Scenario, parse_scenario
 
-    runs = {p: simulate(parse_scenario(_saturated(p)), "fleet") for p in (False, True)}
+    def bare(preempt: bool) -> Scenario:
+        sc = parse_scenario(_saturated(preempt))
+        # No slot kept for committed (the shipped config keeps one, and the replay honours it since
+        # the claim rule is shared, decision 0080): preemption alone makes room here.
+        sc.cfg.tiers["planner"].preemption.reserved_slots = {}
+        return sc
+
+    runs = {p: simulate(bare(p), "fleet") for p in (False, True)}
     with_, without = runs[True].tiers["planner"].outcomes, runs[False].tiers["planner"].outcomes
     assert without[3].preempted == 0 and with_[3].preempted > 0
     assert with_[0].preempted == 0  # nothing preempts committed work
