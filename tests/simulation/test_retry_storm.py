@@ -7,6 +7,10 @@ One call whose answer takes 5 s behind a client timeout of 2 s, on a replica wit
   engine answers the caller, nothing for nobody.
 Then the retry-storm scenario (configs/scenarios/retry-storm.yaml, replayed under both): the goals
 of issue 37 met there, asserted (docs/results.md, "The simulator's retry storm", says which are not).
+Attempts per answered call cannot reach the issue's 1.2 at 3x overload: every call the fleet cannot
+serve asks once, so calls over answered (about 2.66 here) is its floor; what is asserted is that
+retries add little above it (refusals under a sustained overload say `x-should-retry: false`,
+docs/decisions/0081-no-retry-under-sustained-overload.md).
 """
 
 from __future__ import annotations
@@ -146,7 +150,7 @@ def test_the_storm_spends_at_most_two_percent_of_engine_seconds_on_calls_nobody_
         storm: dict[str, SimResult]) -> None:
     on, off = storm["fleet"].callers, storm["fleet-noclock"].callers
     assert on is not None and off is not None
-    assert on["engine_nobody_share"] <= 0.02
+    assert on["engine_nobody_share"] <= 0.02  # 0.1% (seed 7); off 15.5%
     assert off["engine_nobody_share"] > 5 * on["engine_nobody_share"]  # the features off: a storm of work for nobody
 
 
@@ -154,6 +158,21 @@ def test_the_storm_completes_twice_the_chains_of_the_fleet_with_its_features_off
         storm: dict[str, SimResult]) -> None:
     on, off = storm["fleet"].callers, storm["fleet-noclock"].callers
     assert on is not None and off is not None
-    assert on["chains_completed"] >= 2 * off["chains_completed"]
+    assert on["chains_completed"] >= 2 * off["chains_completed"]  # 4015 against 487 (seed 7): 8.2x
     assert on["engine_s_failed_chains"] < off["engine_s_failed_chains"]
     assert on["agent_s_abandoned"] < off["agent_s_abandoned"]
+
+
+def test_the_storm_retries_little_above_one_attempt_a_call(storm: dict[str, SimResult]) -> None:
+    on, off = storm["fleet"].callers, storm["fleet-noclock"].callers
+    assert on is not None and off is not None
+    floor = on["calls"] / on["answered"]  # each call asks once: at 3x overload, about 2.66 (seed 7)
+    assert on["attempts_per_answered_call"] <= 1.05 * floor  # 2.75 (seed 7): retries add 3.5%
+    assert on["attempts_per_answered_call"] <= 0.5 * off["attempts_per_answered_call"]  # off: 5.70
+    assert on["attempts_an_answer_took"] <= 1.1  # 1.03; off 1.64
+
+
+def test_the_storm_costs_no_more_replica_hours_than_the_fleet_with_its_features_off(
+        storm: dict[str, SimResult]) -> None:
+    hours = {p: sum(t.replica_seconds for t in r.tiers.values()) / 3600 for p, r in storm.items()}
+    assert hours["fleet"] <= hours["fleet-noclock"]  # 9.27 against 9.28 (seed 7)
