@@ -142,7 +142,10 @@ def test_steady_poisson_load_never_flaps() -> None:
     assert committed_missed(r) == 0
     ins = [d for d in r.decisions if d.action == "scale_in"]
     outs = [d for d in r.decisions if d.action == "scale_out"]
-    assert len(outs) <= 3 and not ins  # ordered for the swell once, then kept
+    assert len(outs) <= 3  # ordered for the swell once, then kept
+    # Since the replay keeps the shipped committed slot on every replica (decision 0080), the opening
+    # burst orders one replica more, handed back once after a minute's calm (no flap); none after.
+    assert len(ins) <= 1 and all(d.t < 120 for d in ins)
 
 
 def test_the_flap_count_catches_a_scale_out_within_the_hold() -> None:
@@ -159,7 +162,8 @@ def test_the_flap_count_catches_a_scale_out_within_the_hold() -> None:
 def test_a_cold_flash_crowd_serves_every_committed_call_without_flapping() -> None:
     r = simulate(load_scenario(SCENARIOS / "cold-flash-crowd.yaml"), "fleet")
     assert committed_missed(r) == 0
-    assert sum(flaps(r).values()) == 0
+    # At most the scenario's one (analysis: the slot kept for committed idles there, see its expect:).
+    assert sum(flaps(r).values()) <= r.scenario.spec.expect["flaps"] <= 1
     planner = r.tiers["planner"].outcomes[0]
     assert planner.arrived > 300 and planner.shed == {}  # never drain_exceeded, whatever the line
     # A new planner replica takes 8 waiting calls at once: the crowd (1 call/s of ~11 s) needs
