@@ -20,6 +20,9 @@ from fleet.store.replication import Ack
 from tests.harness import TEST_CONFIG, call_payload, wait_until
 
 ACK = Ack(replicas=1, timeout_ms=300)
+# Where a test needs the acknowledgement itself, not its timeout: a loaded CI box has taken over
+# 300 ms to answer a WAIT (a replica waiting for a core), which fell short and read as a loss.
+PATIENT = Ack(replicas=1, timeout_ms=5000)
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +69,14 @@ async def _enqueue(line: Line, ack: Ack | None) -> tuple[str, float]:
 async def test_an_acknowledged_enqueue_is_on_the_replica_when_it_returns(line: Line, pair) -> None:  # type: ignore[no-untyped-def]
     replica = sync_redis.Redis(port=pair[1].port)
     for _ in range(50):
-        rid, _ = await _enqueue(line, ACK)
+        rid, _ = await _enqueue(line, PATIENT)
         assert replica.hget(line.keys.request(rid), "state") == b"queued"  # read at once, no retry
     assert await line.replicas.known() == 1 and line.replicas.short == 0
 
 
 async def test_a_silent_replica_costs_one_timeout_then_the_call_goes_on_and_is_counted(line: Line, pair) -> None:  # type: ignore[no-untyped-def]
-    await _enqueue(line, ACK)  # the replica count is known from here
+    await _enqueue(line, PATIENT)  # the replica count is known from here
+    short_before = line.replicas.short
     proc = pair[1].proc
     proc.send_signal(signal.SIGSTOP)
     try:
@@ -80,7 +84,7 @@ async def test_a_silent_replica_costs_one_timeout_then_the_call_goes_on_and_is_c
     finally:
         proc.send_signal(signal.SIGCONT)
     assert ACK.timeout_ms / 1000 * 0.9 <= took < ACK.timeout_ms / 1000 + 1.0, took
-    assert line.replicas.short == 1
+    assert line.replicas.short == short_before + 1
     assert await line.redis.hget(line.keys.request(rid), "state") == b"queued"  # accepted all the same
 
 
