@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from fleet.config import TierConfig
 from fleet.policy.capacity import rate
 from fleet.policy.observation import TierObservation, waiting
-from fleet.policy.tier_capacity import TierCapacity, modelled_startup_s, tier_capacity
+from fleet.policy.tier_capacity import TierCapacity, modelled_startup_s, planning_rank, tier_capacity
 
 RATE_FACTOR_MIN, RATE_FACTOR_MAX = 0.01, 100.0  # beyond these a window says more about itself than the engine
 
@@ -95,7 +95,9 @@ def calibrate(prev: Calibration, tc: TierConfig, obs: TierObservation, *, at_lea
     fill_s = model.service_s(model.typical_prompt_tokens, model.typical_output_tokens) / max(factor, RATE_FACTOR_MIN)
     saturated = steady and waiting(obs) > 0 and obs.oldest_wait_s >= obs.window_s + fill_s
     if saturated:
-        reading = _bounded(served / ready / model.per_replica_rate)
+        # Against what a replica serves of the line's lowest class waiting: the slots kept for
+        # the classes above are not its (a full replica of 12 slots keeping one runs 11 of them).
+        reading = _bounded(served / ready / model.rate_of(planning_rank(obs.line)))
         # Slower than thought: at once (the safe side; admission and scaling plan with it).
         # Faster: smoothed as Little's readings are, so that a lucky window of short calls does
         # not size the tier for the rest of the hour.

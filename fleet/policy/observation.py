@@ -30,7 +30,7 @@ from fleet.policy.capacity import rate, seconds_to_drain
 from fleet.policy.replicas import NO_REPLICAS, ObservedReplica, Replicas
 from fleet.policy.scaling import TierState
 from fleet.policy.tier_budget import BudgetView
-from fleet.policy.tier_capacity import TierCapacity
+from fleet.policy.tier_capacity import TierCapacity, planning_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,18 +116,22 @@ def drain_s(obs: TierObservation) -> float:
 # --- admission -----------------------------------------------------------------------------
 
 
-def admission_forecast(obs: TierObservation, cap: TierCapacity) -> ServiceForecast:
+def admission_forecast(obs: TierObservation, cap: TierCapacity, rank: int | None = None) -> ServiceForecast:
     """How fast the tier will serve a new arrival's line, and after how long (see
-    `fleet.policy.admission.service_forecast`). A starting replica serves when its
+    `fleet.policy.admission.service_forecast`), for a call of class `rank` (None: the line's
+    `planning_rank`): on the slots that class may take. A starting replica serves when its
     expected start-up has passed since it was launched."""
     reps = obs.replicas
+    rank = planning_rank(obs.line) if rank is None else rank
     starting_left = ([r.started + cap.startup_s - obs.now for r in reps.members if r.state == "starting"]
                      if not reps.ready and reps.starting else [])
     # Slots the ready replicas run nothing in: their slots (no more than their KV cache holds at
-    # the typical shape) less what the line has in flight now.
-    ready_slots = sum(min(r.slots, cap.batch) for r in reps.members if r.state == "ready")
+    # the typical shape), less those kept for the classes above this one, less what the line has
+    # in flight now.
+    kept = cap.batch - cap.batch_of(rank)
+    ready_slots = sum(max(0, min(r.slots, cap.batch) - kept) for r in reps.members if r.state == "ready")
     return service_forecast(
-        ready=reps.ready, starting_left_s=starting_left, per_replica_rate=cap.per_replica_rate,
+        ready=reps.ready, starting_left_s=starting_left, per_replica_rate=cap.rate_of(rank),
         startup_s=cap.startup_s, completions_in_window=obs.completions_in_window, window_s=obs.window_s,
         busy_s=obs.busy_s, completions_while_busy=obs.completions_while_busy,
         free_slots=ready_slots - obs.in_flight)
@@ -189,7 +193,7 @@ def judge_admission(q: AdmissionInput) -> AdmissionDecision:
     retry_in = b.retry_at - obs.now if exhausted and b is not None and b.retry_at else None
     ahead = ahead_of(obs, priority)
     deadline_ahead = None if q.class_ahead is None else max(ahead, q.class_ahead)
-    forecast = admission_forecast(obs, cap)
+    forecast = admission_forecast(obs, cap, priority)  # on the slots its class may take
     committed_wait = None
     if priority == Priority.committed:
         reps = obs.replicas
@@ -197,7 +201,7 @@ def judge_admission(q: AdmissionInput) -> AdmissionDecision:
         waiting_ahead = ahead if deadline_ahead is None else deadline_ahead
         committed_wait = wait_with_ceiling_s(waiting_ahead, forecast, counted=reps.ready or max(1, reps.starting),
                                              ceiling=min(limits) if limits else None,
-                                             per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s)
+                                             per_replica_rate=cap.rate_of(priority), startup_s=cap.startup_s)
     # A first token is its prefill and one step; the whole answer, every step.
     service_s = cap.service_s(q.prompt_tokens, 1 if q.first_token else q.output_tokens)
     deadline_s, wait_limit_s = q.deadline_s, q.wait_limit_s
@@ -218,11 +222,14 @@ def judge_admission(q: AdmissionInput) -> AdmissionDecision:
 def scaling_state(obs: TierObservation, cap: TierCapacity, *, prewarm_floor: int = 0, budget_ceiling: int | None,
                   gpu_ceiling: int | None = None, calm_since: float | None, calm_keep: int = 0) -> TierState:
     """The `TierState` `decide_tier` judges, from an observation and the (calibrated) capacity.
-    `budget_ceiling`: see `fleet.policy.scaling.budget_ceiling_for`."""
+    `budget_ceiling`: see `fleet.policy.scaling.budget_ceiling_for`. A replica's rate and batch
+    are those of the line's `planning_rank`: the slots kept for the classes above it are no
+    capacity for it."""
     reps = obs.replicas
+    rank = planning_rank(obs.line)
     return TierState(
         waiting=waiting(obs), oldest_wait_s=obs.oldest_wait_s, arrival_rate=arrival_rate(obs),
         service_rate=service_rate(obs), ready=reps.ready, starting=reps.starting, draining=reps.draining,
-        per_replica_rate=cap.per_replica_rate, startup_s=cap.startup_s, prewarm_floor=prewarm_floor,
+        per_replica_rate=cap.rate_of(rank), startup_s=cap.startup_s, prewarm_floor=prewarm_floor,
         budget_ceiling=budget_ceiling, gpu_ceiling=gpu_ceiling, calm_since=calm_since, calm_keep=calm_keep,
-        rate_window_s=obs.window_s, batch=cap.batch)
+        rate_window_s=obs.window_s, batch=cap.batch_of(rank))

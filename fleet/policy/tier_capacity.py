@@ -4,14 +4,23 @@ Built from the tier's `capacity:` profile (whose missing fields come from its
 `sim:` profile) and the calibration the scaler measured and published
 (`fleet.policy.calibration`). Admission and scaling read it alike, live and in
 the simulator. Pure; no I/O.
+
+Per class, a replica has only the slots the claim lets that class take: the slots its tier's
+`reserved_slots` keep for the classes above it are none of its capacity (`claim_caps`, the rule
+the claim itself applies, decision 0080). A replica of 12 slots keeping one for committed runs at
+most 11 calls of the classes below; committed may use all 12. Admission plans a call with its
+class's slots, and scaling and calibration plan a line with its lowest class's
+(`planning_rank`): that class drains with only the slots left to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fleet.config import TierConfig
+from fleet.config import Priority, TierConfig
 from fleet.policy.capacity import decode_step_s, startup_seconds
+from fleet.policy.preemption import CLASS_COUNT, claim_caps
 
 # A call that sends no max_tokens may generate this many at most (or the tier's limit, if lower).
 DEFAULT_MAX_TOKENS = 256
@@ -40,9 +49,16 @@ class TierCapacity:
     typical_output_tokens: int
     max_tokens_default: int  # what a call that names no max_tokens may generate
     rate_factor: float = 1.0  # measured / modelled throughput (calibration); 1 until measured
+    # Per class rank, the slots a replica keeps for that class and those above it (the tier's
+    # `preemption.reserved_slots`); () when it keeps none.
+    reserved: tuple[int, ...] = ()
     # Worked out once (the simulator asks for every call): see `__post_init__`.
     batch: int = field(init=False)  # the batch a busy replica runs: its slots, as many as its KV cache holds
     per_replica_rate: float = field(init=False)  # requests per second one full replica serves, typical shape
+    # Per class rank: the calls of that class a replica runs at once (its batch less the slots kept
+    # for the classes above it), and the requests per second it serves of them.
+    class_batch: tuple[int, ...] = field(init=False)
+    class_rate: tuple[float, ...] = field(init=False)
     _step_s: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -52,6 +68,23 @@ class TierCapacity:
         set_(self, "batch", batch)
         set_(self, "_step_s", decode_step_s(self.decode_base_s, self.decode_per_seq_s, batch))
         set_(self, "per_replica_rate", batch / self.service_s(self.typical_prompt_tokens, self.typical_output_tokens))
+        # The claim's own caps on an idle replica, over the calls it runs at once (the live worker
+        # claims with that concurrency, `workers.preempting`): what each class may take of it.
+        caps = claim_caps(batch, (), dict(enumerate(self.reserved))) if any(self.reserved) else (batch,) * CLASS_COUNT
+        set_(self, "class_batch", caps)
+        set_(self, "class_rate", tuple(
+            n / self.service_s(self.typical_prompt_tokens, self.typical_output_tokens, n) if n > 0 else 0.0
+            for n in caps))
+
+    def batch_of(self, rank: int) -> int:
+        """The calls of class `rank` one replica runs at once: the slots kept for the classes above
+        it are not its to take."""
+        return self.class_batch[rank]
+
+    def rate_of(self, rank: int) -> float:
+        """Requests per second of class `rank` one busy replica serves (typical shape), on the
+        slots that class may take."""
+        return self.class_rate[rank]
 
     def service_s(self, prompt_tokens: int, output_tokens: int, batch: int | None = None) -> float:
         """A request's own service time on a busy replica (a full batch, its own tokens)."""
@@ -69,6 +102,19 @@ class TierCapacity:
         if max_tokens is not None:
             return max_tokens
         return min(self.max_tokens_default, self.typical_output_tokens)
+
+
+def planning_rank(line: Sequence[int]) -> int:
+    """The class a tier's line is planned with (`line`: waiting per class rank, highest first): the
+    lowest class waiting, which drains on the slots the classes above leave it; with nothing
+    waiting, the lowest class, as the arrivals may be of any."""
+    return next((r for r in range(len(line) - 1, -1, -1) if line[r] > 0), CLASS_COUNT - 1)
+
+
+def reserved_by_rank(tc: TierConfig) -> tuple[int, ...]:
+    """The tier's `reserved_slots` per class rank (() when it keeps none)."""
+    kept = tc.preemption.reserved_slots
+    return tuple(kept.get(p.name, 0) for p in Priority) if kept else ()
 
 
 def default_max_tokens(tc: TierConfig) -> int:
@@ -97,4 +143,4 @@ def tier_capacity(tc: TierConfig, startup_s: float | None = None, rate_factor: f
         kv_capacity_tokens=c.kv_capacity_tokens or p.kv_capacity_tokens,
         typical_prompt_tokens=c.typical_prompt_tokens or p.typical_prompt_tokens,
         typical_output_tokens=c.typical_output_tokens or p.typical_output_tokens,
-        max_tokens_default=default_max_tokens(tc), rate_factor=rate_factor)
+        max_tokens_default=default_max_tokens(tc), rate_factor=rate_factor, reserved=reserved_by_rank(tc))
