@@ -19,7 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from fleet.config import TierConfig
+from fleet.config import Priority, TierConfig
 from fleet.policy import (
     Calibration,
     ObservedReplica,
@@ -100,20 +100,22 @@ def test_a_replica_that_just_filled_is_not_read_as_slow_and_a_fast_reading_is_sm
     finished almost nothing yet. Read then, the first window of the trace said 0.55."""
     tc = _analysis()
     cap = tier_capacity(tc)
+    # What a replica serves of the line's class (interactive): the slot kept for committed is not its.
+    rate = cap.rate_of(Priority.interactive)
     steady = Calibration(startup_s=6.0, ready=1, ready_since=NOW - 300)
-    half = round(cap.per_replica_rate * 10 * 0.5)  # half the model's completions
+    half = round(rate * 10 * 0.5)  # half the model's completions
     assert half < MIN_LITTLE_COMPLETIONS
     assert calibrate(steady, tc, _busy(tc, half, 11.0)).rate_factor == 1.0  # filling, not slow
     fill = cap.service_s(cap.typical_prompt_tokens, cap.typical_output_tokens)
     slow = calibrate(steady, tc, _busy(tc, half, 10.0 + fill + 1))  # saturated for a window and a call
-    assert slow.rate_factor == pytest.approx(half / 10 / cap.per_replica_rate)  # slower: at once
-    full = round(cap.per_replica_rate * 10)
+    assert slow.rate_factor == pytest.approx(half / 10 / rate)  # slower: at once
+    full = round(rate * 10)
     up = calibrate(slow, tc, _busy(tc, full, 30.0, now=NOW + 10))
     assert slow.rate_factor < up.rate_factor < slow.rate_factor + 0.2  # faster: part way
     later = up
     for k in range(2, 30):
         later = calibrate(later, tc, _busy(tc, full, 30.0, now=NOW + 10 * k))
-    assert later.rate_factor == pytest.approx(full / 10 / cap.per_replica_rate, rel=0.01)  # there in the end
+    assert later.rate_factor == pytest.approx(full / 10 / rate, rel=0.01)  # there in the end
 
 
 def test_arrivals_order_replicas_only_while_the_tier_falls_behind_them() -> None:
