@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from fleet.policy.prewarm import scheduled_spans
-from fleet.replica_model import cold_start_s, prefill_s, service_s
+from fleet.replica_model import cold_start_s, prefill_s, step_s
 from simulator.arrivals import Call, ChainArrival, Trace
 from simulator.results import SimResult
 from simulator.scenario import Scenario
@@ -77,8 +77,12 @@ def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0,
 
     tcs = sc.cfg.tiers
 
+    # `service_s(sim, prompt, output, 1)` with its batch-of-one step made once per tier, not once
+    # per call (the same sum, term for term: the same float).
+    step1 = {t: step_s(tc.sim, 1) for t, tc in tcs.items()}
+
     def shortest(tier: str, prompt: int, output: int) -> float:
-        return service_s(tcs[tier].sim, prompt, output, 1)
+        return prefill_s(tcs[tier].sim, prompt) + output * step1[tier]
 
     def window(tier: str, start: float, end: float, prompt: int, output: int, ln: float | None = None) -> Window:
         ln = shortest(tier, prompt, output) if ln is None else ln

@@ -23,6 +23,7 @@ finish is scheduled when the batch changes, and superseded by the next change.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Protocol
 
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
@@ -33,9 +34,8 @@ from simulator.line import FlowShares
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
 from simulator.taking import hold_rules, prefix_of, remember, take_for
 
-
-def _busy(r: SimReplica) -> int:
-    return r.running
+# The least busy replica first (a C-level key: dispatch sorts at every take).
+_busy = attrgetter("running")
 
 
 class CallEnds(Protocol):
@@ -148,7 +148,7 @@ class Serving:
         while tier.waiting:
             took, held, retry = False, False, 0.0
             for r in sorted((r for r in tier.ready_list if r.running < slots), key=_busy):
-                take, req = take_for(tier, r, tuple(c.call.cls for c in calls_on.get(r.id, ())), hold, t)
+                take, req = take_for(tier, r, tuple([c.call.cls for c in calls_on.get(r.id, ())]), hold, t)
                 if take.retry_ms > 0 and (retry == 0 or take.retry_ms < retry):
                     retry = take.retry_ms
                 if req is None:

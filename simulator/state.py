@@ -24,6 +24,7 @@ from fleet.policy import (
     calibrated_capacity,
     observe_tier,
 )
+from fleet.policy.claim import HoldRules
 from fleet.policy.fairness import call_cost, fair_line
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
 from simulator.arrivals import Call, ChainArrival
@@ -153,6 +154,7 @@ class TierSim:
         self.preemptible = [0] * len(CLASSES)
         self.affine = tc.affinity.enabled  # a call goes where its prefix is cached (`fleet.store.affinity`)
         self.hold_s = [w / 1000 for w in tc.affinity.waits_ms(tc.wait_limit_s)]  # per class rank
+        self.hold_rules: HoldRules | None = None  # ...as the claim rule takes them (`simulator.taking.hold_rules`)
         # prefix -> the replica that last took a call of it, and when (the live claim's `aff` records)
         self.holders: dict[object, tuple[SimReplica, float]] = {}
         self.hold_wake = math.inf  # when a dispatch is due for calls left for their holders (inf: none)

@@ -11,6 +11,8 @@ that last claimed a call of it, while that replica is live: it has a free slot o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleet.policy.claim import Holder, HoldRules, ReplicaView, Take, Waiting, caps_of, choose_take
 from fleet.store.affinity import LIVE_MS
 from simulator.state import QUEUED, Req, SimReplica, TierSim
@@ -25,11 +27,15 @@ def prefix_of(req: Req) -> object | None:
 
 
 def hold_rules(tier: TierSim) -> HoldRules | None:
-    """The tier's affinity hold as the rule takes it (None where affinity is off: the plain claim)."""
+    """The tier's affinity hold as the rule takes it (None where affinity is off: the plain claim).
+    Made once per tier: it depends only on the tier's configuration, and dispatch asks for it
+    at every change of a replica's batch."""
     if not tier.affine:
         return None
-    a = tier.tc.affinity
-    return HoldRules(a.window, tuple(h * 1000 for h in tier.hold_s), a.slack_ms)
+    if tier.hold_rules is None:
+        a = tier.tc.affinity
+        tier.hold_rules = HoldRules(a.window, tuple(h * 1000 for h in tier.hold_s), a.slack_ms)
+    return tier.hold_rules
 
 
 def _holder(tier: TierSim, req: Req, r: SimReplica, t: float) -> Holder:
@@ -73,13 +79,17 @@ def take_for(
         )
         for req in reqs
     ]
-    heads: list[list[Waiting]] = [[] for _ in tier.by_class]
+    # Only the best class is read by the rule: the classes below it stay empty.
+    heads: list[Sequence[Waiting]] = [()] * len(tier.by_class)
     heads[best] = views
     view = ReplicaView(tier.tc.slots, ranks, tier.reserved)
-    take = choose_take(heads, view, hold, caps_of(view))
+    take = choose_take(heads, view, hold, caps_of(view) if tier.reserved else None)
     if take.call is None:
         return take, None
-    return take, reqs[next(i for i, v in enumerate(views) if v is take.call)]
+    for i, v in enumerate(views):
+        if v is take.call:
+            return take, reqs[i]
+    raise AssertionError("the rule took a call it was not shown")
 
 
 def remember(tier: TierSim, req: Req, r: SimReplica, t: float) -> None:

@@ -129,7 +129,13 @@ def admission_forecast(obs: TierObservation, cap: TierCapacity, rank: int | None
     # the typical shape), less those kept for the classes above this one, less what the line has
     # in flight now.
     kept = cap.batch - cap.batch_of(rank)
-    ready_slots = sum(max(0, min(r.slots, cap.batch) - kept) for r in reps.members if r.state == "ready")
+    # A plain loop, not a generator: admission runs this for every arrival (same sum of ints).
+    batch, ready_slots = cap.batch, 0
+    for r in reps.members:
+        if r.state == "ready":
+            free = (r.slots if r.slots < batch else batch) - kept
+            if free > 0:
+                ready_slots += free
     return service_forecast(
         ready=reps.ready, starting_left_s=starting_left, per_replica_rate=cap.rate_of(rank),
         startup_s=cap.startup_s, completions_in_window=obs.completions_in_window, window_s=obs.window_s,

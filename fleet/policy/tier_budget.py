@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from fleet.config import Budget, TierConfig
@@ -74,14 +75,21 @@ def budget_day(budget: Budget, now: float) -> tuple[float, float]:
     "today" is reported over this day even for a tier without a daily budget.
     """
     tz = ZoneInfo(budget.timezone)
-    at = parse_reset(budget.reset_at)
-    local = datetime.fromtimestamp(now, tz)
-    today = datetime.combine(local.date(), at, tzinfo=tz)
-    if today.timestamp() <= now:
-        start, end = today, datetime.combine(local.date() + timedelta(days=1), at, tzinfo=tz)
-    else:
-        start, end = datetime.combine(local.date() - timedelta(days=1), at, tzinfo=tz), today
-    return start.timestamp(), end.timestamp()
+    day = datetime.fromtimestamp(now, tz).date()
+    before, today, after = _resets_around(budget.timezone, budget.reset_at, day)
+    return (today, after) if today <= now else (before, today)
+
+
+@lru_cache(maxsize=64)
+def _resets_around(timezone: str, reset_at: str, day: date) -> tuple[float, float, float]:
+    """The resets of the day before `day`, of `day` and of the day after (epoch seconds). Pure in
+    its arguments, so kept: the governor asks `budget_day` at every tick of every tier."""
+    tz, at = ZoneInfo(timezone), parse_reset(reset_at)
+
+    def reset(d: int) -> float:
+        return datetime.combine(day + timedelta(days=d), at, tzinfo=tz).timestamp()
+
+    return reset(-1), reset(0), reset(1)
 
 
 def daily_window(budget: Budget, now: float) -> Window | None:
