@@ -257,8 +257,9 @@ class Simulator:
         serving = self.serving
         end = self.sc.duration_s
         events = 0
+        # The next arrival's instant changes only when one is taken: not looked up at every event.
+        next_arr = arrivals[0][0] if n_arr and arrivals[0][0] <= end else math.inf
         while True:
-            next_arr = arrivals[ai][0] if ai < n_arr and arrivals[ai][0] <= end else math.inf
             if heap and heap[0][0] <= next_arr:
                 if heap[0][0] > end and not self.busy():
                     break  # the replay has ended and every accepted call with it
@@ -282,6 +283,7 @@ class Simulator:
             elif next_arr < math.inf:
                 t, _, x = arrivals[ai]
                 ai += 1
+                next_arr = arrivals[ai][0] if ai < n_arr and arrivals[ai][0] <= end else math.inf
                 self.events.t = t
                 events += 1
                 self._arrival(x)
