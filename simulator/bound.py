@@ -266,16 +266,17 @@ def tier_bound(sc: Scenario, tier: str, windows: list[Window],
     need_integral = _StepIntegral(steps, end)
     floor_integral = _StepIntegral(floor_steps(sc, tier) if keep_floor else [(0.0, 0)], end)
     best = 0.0
+    # The windows inside the replay, with their ends clipped as the buckets read them: picked once
+    # for every partition below (in the same order, so every bucket's sums are the same floats).
+    inside = [(a, min(d, end - 1e-9), ln, pre, out) for a, d, ln, pre, out in feasible if not (d > end or a < 0)]
     for w in (*bucket_widths, end):
         n_b = max(1, math.ceil(end / w))
         shortest = [0.0] * n_b  # shortest services, summed
         prefill = [0.0] * n_b
         tokens = [0] * n_b
-        for a, d, ln, pre, out in feasible:
-            if d > end or a < 0:
-                continue
+        for a, last, ln, pre, out in inside:
             b = int(a // w)
-            if b == int(min(d, end - 1e-9) // w) and b < n_b:
+            if b == int(last // w) and b < n_b:
                 shortest[b] += ln
                 prefill[b] += pre
                 tokens[b] += out

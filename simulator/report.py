@@ -19,12 +19,18 @@ from simulator.clients import callers_compare, render_callers
 from simulator.results import SimResult
 
 
-def pct(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile; None for no values."""
+def pct(values: list[float], q: float, *, ordered: bool = False) -> float | None:
+    """Nearest-rank percentile; None for no values. `ordered`: `values` are sorted already."""
     if not values:
         return None
-    s = sorted(values)
+    s = values if ordered else sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _p50_p99(values: list[float], nd: int = 3) -> dict[str, float | None]:
+    """`pct` at 0.5 and 0.99, rounded, on one sort (a class's waits are up to ~10^5 values)."""
+    s = sorted(values)
+    return {"p50": _num(pct(s, 0.5, ordered=True), nd), "p99": _num(pct(s, 0.99, ordered=True), nd)}
 
 
 def _num(x: float | None, nd: int = 3) -> float | None:
@@ -87,9 +93,9 @@ def summarize(r: SimResult, *, timeline: bool = True) -> dict[str, Any]:
                 "within_objective": o.within_objective,
                 "unfinished_at_end": unfinished,
                 **_extras(o),
-                "wait_s": {"p50": _num(pct(o.waits, 0.5)), "p99": _num(pct(o.waits, 0.99))},
-                "ttft_s": {"p50": _num(pct(o.ttfts, 0.5)), "p99": _num(pct(o.ttfts, 0.99))},
-                "tpot_s": {"p50": _num(pct(o.tpots, 0.5), 4), "p99": _num(pct(o.tpots, 0.99), 4)},
+                "wait_s": _p50_p99(o.waits),
+                "ttft_s": _p50_p99(o.ttfts),
+                "tpot_s": _p50_p99(o.tpots, 4),
             }
             useful += o.useful_tokens
             total_completed += o.completed
