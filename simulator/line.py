@@ -33,7 +33,7 @@ class Req(Protocol):
 class ClassLine:
     """One class's waiting calls, lowest score first (a sorted list: lines stay short enough)."""
 
-    __slots__ = ("clock", "flows", "keys", "reqs", "shares", "waiting_of")
+    __slots__ = ("_last_start", "clock", "flows", "keys", "reqs", "shares", "waiting_of")
 
     def __init__(self, shares: FlowShares | None = None) -> None:
         self.shares = shares  # told when a flow starts and stops waiting
@@ -42,6 +42,9 @@ class ClassLine:
         self.flows: dict[str, FlowTag] = {}  # the fair line's memory of each flow (`fleet.store.flows`)
         self.clock = 0.0  # the class clock, as stored
         self.waiting_of: dict[str, int] = {}  # flow -> its calls waiting
+        # The last start tag worked out, and what for: admission asks it (`ahead`) and the enqueue
+        # that follows at the same instant asks again (`place`). Forgotten at every change of the line.
+        self._last_start: tuple[tuple[str, int, float], tuple[float, float]] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -53,11 +56,17 @@ class ClassLine:
         return self.reqs[self.keys[i][1]]
 
     def _start(self, flow: str, now_ms: int, half_life_s: float) -> tuple[float, float]:
+        asked = (flow, now_ms, half_life_s)
+        last = self._last_start
+        if last is not None and last[0] == asked:
+            return last[1]
         head = self.keys[0][0] if self.keys else None
         v = class_clock(self.clock, head)
         rec = self.flows.get(flow)
         backlogged = rec is not None and head is not None and int(rec.last) in self.reqs
-        return flow_start(v, rec, backlogged=backlogged, now_ms=now_ms, half_life_s=half_life_s), v
+        start = flow_start(v, rec, backlogged=backlogged, now_ms=now_ms, half_life_s=half_life_s), v
+        self._last_start = (asked, start)
+        return start
 
     def ahead(self, flow: str, now_ms: int, half_life_s: float) -> int:
         """Calls a new call of `flow` would wait behind (admission's view, nothing written)."""
@@ -73,6 +82,7 @@ class ClassLine:
             score, v = self._start(flow, now_ms, half_life_s)
             self.clock = max(self.clock, v)
             self.flows[flow] = FlowTag(score + cost, now_ms, str(seq))
+            self._last_start = None
         req.score, req.lseq = score, seq
         self._add(req)
 
@@ -81,6 +91,7 @@ class ClassLine:
         self._add(req)
 
     def _add(self, req: Req) -> None:
+        self._last_start = None
         bisect.insort(self.keys, (req.score, req.lseq))
         self.reqs[req.lseq] = req
         f = req.call.flow
@@ -100,6 +111,7 @@ class ClassLine:
             self._gone(req.lseq)
 
     def _gone(self, seq: int) -> Req:
+        self._last_start = None
         req = self.reqs.pop(seq)
         f = req.call.flow
         left = self.waiting_of[f] - 1
