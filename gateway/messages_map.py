@@ -33,11 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet.engine_config import EngineName
 from fleet.store.events import Done
 from gateway.errors import APIError
-from gateway.schemas import MAX_MESSAGES, MAX_MODEL_NAME, MAX_TOOLS, MAX_USER_CHARS
+from gateway.schemas import MAX_MESSAGES, MAX_MODEL_NAME, MAX_TOOLS, MAX_USER_CHARS, StopList
 
 REASONING_KEYS = ("reasoning_content", "reasoning")  # what engines call a chat answer's reasoning
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
                 "content_filter": "refusal"}
+
+
+TEXT_BLOCKS = {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
 
 
 class CountBody(BaseModel):
@@ -47,8 +51,13 @@ class CountBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     model: str = Field(min_length=1, max_length=MAX_MODEL_NAME)
-    messages: list[dict[str, Any]] = Field(max_length=MAX_MESSAGES)
-    system: str | list[dict[str, Any]] | None = None
+    # The turns are read by `_turn` (errors naming the block); the published schema says their shape
+    # so schema-driven clients and fuzzers make real conversations.
+    messages: list[dict[str, Any]] = Field(max_length=MAX_MESSAGES, json_schema_extra={
+        "minItems": 1, "items": {"type": "object", "required": ["role", "content"], "properties": {
+            "role": {"enum": ["user", "assistant"]}, "content": {"anyOf": [{"type": "string"}, TEXT_BLOCKS]}}}})
+    system: str | list[dict[str, Any]] | None = Field(None, json_schema_extra={
+        "anyOf": [{"type": "string"}, TEXT_BLOCKS, {"type": "null"}]})
     tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
@@ -59,7 +68,7 @@ class MessagesBody(CountBody):
 
     max_tokens: int = Field(ge=1)
     stream: bool = False
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopList | None = None  # chat's bounds, named as the caller named them
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)

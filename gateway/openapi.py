@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from fleet.config import CLASSES
 from gateway.fleet_api import PrewarmBody
+from gateway.messages_map import CountBody, MessagesBody
 from gateway.models_api import PromoteBody, RollbackBody
 from gateway.request import CHAIN_ID_PATTERN, DEADLINE_PATTERN, MAX_CHAIN_ID, MAX_DEADLINE_MS
 from gateway.responses_schema import ResponsesBody
@@ -74,7 +75,8 @@ def build(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description="An OpenAI-compatible gateway and capacity governor for agent fleets.")
     _, defs = models_json_schema([(ChatBody, "validation"), (CompletionBody, "validation"),
-                                  (ResponsesBody, "validation"),
+                                  (ResponsesBody, "validation"), (MessagesBody, "validation"),
+                                  (CountBody, "validation"),
                                   (PrewarmBody, "validation"), (PromoteBody, "validation"),
                                   (RollbackBody, "validation"), (ErrorBody, "serialization")], ref_template=REF)
     comps = doc.setdefault("components", {})
@@ -96,6 +98,7 @@ def build(app: FastAPI) -> dict[str, Any]:
                                "events, ending in response.completed, response.incomplete or response.failed.",
                                "content": {"application/json": {"schema": {"type": "object"}}, **stream}},
                        **_errors(CALL_ERRORS)}
+    _messages(paths)
     for verb in ("get", "delete"):  # a stored response, to the key that made it (any other: 404)
         op = paths["/v1/responses/{response_id}"][verb]
         op["security"] = SECURITY
@@ -124,6 +127,34 @@ def build(app: FastAPI) -> dict[str, Any]:
     for path in ("/healthz", "/readyz", "/v1/models"):
         paths[path]["get"]["responses"].update(_errors((503,)) if path == "/readyz" else {})
     return doc
+
+
+# Anthropic's error shape: {"type": "error", "error": {"type", "message", ...}}; 422 is a 400 there, 503 a 529.
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"],
+                   "properties": {"type": {"const": "error"},
+                                  "error": {"type": "object", "required": ["type", "message"],
+                                            "properties": {"type": {"type": "string"},
+                                                           "message": {"type": "string"}}}}}
+
+
+def _messages(paths: dict[str, Any]) -> None:
+    """Anthropic's Messages routes: their bodies, the fleet's headers and errors in Anthropic's shape."""
+    content = {"application/json": {"schema": ANTHROPIC_ERROR}}
+    errors = {str(s): {"description": WHY[s], "content": content} for s in (400, 401, 403, 404, 408, 413, 429,
+                                                                           431, 502, 504)}
+    errors["529"] = {"description": "The fleet's Redis is away (overloaded_error, code redis_unavailable).",
+                     "content": content}
+    errors["default"] = {"description": "Any other error, in the same shape.", "content": content}
+    op = paths["/v1/messages"]["post"]
+    op.update(requestBody=_body("MessagesBody"), parameters=HEADERS, security=SECURITY)
+    op["responses"] = {"200": {"description": "The message; with `stream: true`, Anthropic's server-sent events "
+                               "ending in message_stop.",
+                               "content": {"application/json": {"schema": {"type": "object"}},
+                                           "text/event-stream": {"schema": {"type": "string"}}}}, **errors}
+    op = paths["/v1/messages/count_tokens"]["post"]
+    op.update(requestBody=_body("CountBody"), security=SECURITY)
+    op["responses"] = {"200": {"description": "`{input_tokens}`, as the fleet estimates the prompt for admission.",
+                               "content": {"application/json": {"schema": {"type": "object"}}}}, **errors}
 
 
 def install_openapi(app: FastAPI) -> None:

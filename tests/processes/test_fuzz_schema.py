@@ -1,9 +1,10 @@
 """Property-based fuzzing over the published schema (/openapi.json) with schemathesis: a real
 gateway, a real Redis and a sim worker. Every case generated from the request models and headers,
-valid ones and deliberately invalid ones, must get no server error and, when it is an error, a
-typed body (`error.type` and `error.message`). Two 5xx are documented outcomes, not server errors:
-503 `redis_unavailable` (Redis away) and 504 `deadline_exceeded` when the caller's own deadline
-(a fuzzed `X-Deadline-Ms` of a few ms, admitted because its service time fits) passes on the way.
+valid ones and deliberately invalid ones (Anthropic's Messages routes too), must get no server error
+and, when it is an error, a typed body (`error.type` and `error.message`). Two 5xx are documented
+outcomes, not server errors: 503 `redis_unavailable` (529 on the Messages routes) and 504
+`deadline_exceeded` when the caller's own deadline (a fuzzed `X-Deadline-Ms` of a few ms, admitted
+because its service time fits) passes on the way.
 
 Bounded: FLEET_FUZZ_CASES cases at least (default 1,200), a fixed seed (FLEET_FUZZ_SEED, default
 12) so CI runs the same cases, no shrinking (failures are collected with a curl line to replay).
@@ -37,9 +38,11 @@ MODELS = ["routing", "small"]
 
 # Share of the cases per operation and mode; operations without inputs are called once each.
 PLAN = {("POST", "/v1/chat/completions"): 0.38, ("POST", "/v1/completions"): 0.30,
-        ("POST", "/v1/responses"): 0.17, ("POST", "/v1/fleet/prewarm"): 0.15}
-# A Responses stream ends with its terminal event, as OpenAI's does; the completion streams with [DONE].
-RESPONSES_ENDS = (b"response.completed", b"response.incomplete", b"response.failed")
+        ("POST", "/v1/responses"): 0.17, ("POST", "/v1/fleet/prewarm"): 0.15,
+        ("POST", "/v1/messages"): 0.20, ("POST", "/v1/messages/count_tokens"): 0.06}
+# A Responses stream ends with its terminal event, as OpenAI's does, an Anthropic Messages stream with
+# message_stop; the completion streams with [DONE].
+RESPONSES_ENDS = (b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
 
 
 def _fuzz_config(path: Path) -> Path:
@@ -60,7 +63,7 @@ def fuzz_fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def problem(status: int, content: bytes, ctype: str) -> str | None:
     """What is wrong with a response, or None: no 5xx but the documented ones, every error typed,
-    every stream ended by [DONE]."""
+    every stream ended by [DONE] or its API's terminal event."""
     if status >= 400:
         try:
             err = orjson.loads(content)["error"]
@@ -68,8 +71,9 @@ def problem(status: int, content: bytes, ctype: str) -> str | None:
             assert isinstance(err["message"], str) and err["message"]
         except (orjson.JSONDecodeError, KeyError, TypeError, AssertionError):
             return f"untyped {status} body: {content[:200]!r}"
-        documented = (status == 503 and err.get("code") == "redis_unavailable") or (
-            status == 504 and err.get("type") == "deadline_exceeded")  # the caller's own deadline passed
+        # Anthropic's routes say 529 for 503 and name the fleet's error in `code`.
+        documented = (status in (503, 529) and err.get("code") == "redis_unavailable") or (
+            status == 504 and "deadline_exceeded" in (err.get("type"), err.get("code")))  # the caller's deadline
         if status >= 500 and not documented:
             return f"server error {status}: {err}"
     elif ctype.startswith("text/event-stream") and not content.rstrip().endswith(b"data: [DONE]"):
@@ -87,6 +91,7 @@ def test_fuzz_the_published_schema(fuzz_fleet: Fleet) -> None:
     schema.config.max_stream_events = 200
     session = requests.Session()
     statuses: Counter[int] = Counter()
+    answered: Counter[str] = Counter()  # 200s per path: valid cases of every API reached a worker
     failures: list[str] = []
     unsendable = 0
     t0 = time.monotonic()
@@ -99,6 +104,8 @@ def test_fuzz_the_published_schema(fuzz_fleet: Fleet) -> None:
             unsendable += 1  # the HTTP client refuses to send it: nothing reached the gateway
             return
         statuses[resp.status_code] += 1
+        if resp.status_code == 200:
+            answered[case.operation.path] += 1
         ctype = (resp.headers.get("content-type") or [""])[0]
         why = problem(resp.status_code, resp.content, ctype)
         if why and len(failures) < 20:
@@ -129,6 +136,7 @@ def test_fuzz_the_published_schema(fuzz_fleet: Fleet) -> None:
     print(f"\nfuzz: {total} cases in {took:.1f} s ({unsendable} unsendable), statuses {dict(sorted(statuses.items()))}")
     assert not failures, "\n".join(failures)
     assert total >= 1000 if CASES >= 1200 else total > 0, f"only {total} cases reached the gateway"
+    assert answered["/v1/messages"] > 0 and answered["/v1/chat/completions"] > 0, dict(answered)
     assert statuses[200] > 0 and sum(n for s, n in statuses.items() if 400 <= s < 500) > 0  # both kinds ran
 
 
