@@ -6,6 +6,7 @@ Split from `fleet.config` by concern; `fleet.config` re-exports every name here.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,6 +98,11 @@ class VllmSettings(_Strict):
     warmup_tokens: int = Field(4, ge=0)
 
 
+# Where the gateway puts the caller's Anthropic body in the chat call a Messages request runs as, for
+# an `openai` engine whose upstream speaks Anthropic's API (`OpenAIUpstream.upstream_api`).
+ANTHROPIC_BODY = "x_fleet_anthropic_body"
+
+
 class OpenAIUpstream(_Strict):
     """Forwarding target for the `openai` engine."""
 
@@ -105,3 +111,6 @@ class OpenAIUpstream(_Strict):
     api_key: str = "none"
     connect_timeout_s: float = Field(5.0, gt=0)
     silence_timeout_s: float = Field(60.0, gt=0)
+    # What the upstream speaks for Anthropic Messages calls: `chat` maps them to chat completions
+    # (every OpenAI-compatible server), `messages` forwards them whole to its own `/messages`.
+    upstream_api: Literal["chat", "messages"] = "chat"

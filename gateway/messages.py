@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
+from fleet.engine_config import ANTHROPIC_BODY, EngineName
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.store.events import Chunk, Done
 from gateway.answers import stream
@@ -111,6 +112,8 @@ def read_messages(gw: Gateway, data: Any) -> tuple[MessagesBody, CallSpec]:
     limit = gw.cfg.tiers[tier].max_tokens_limit if tier is not None else body.max_tokens
     engine = gw.cfg.tiers[tier].engine if tier is not None else "sim"
     chat = chat_body(body, engine, min(body.max_tokens, limit))
+    if tier is not None and engine == EngineName.OPENAI and gw.cfg.tiers[tier].openai.upstream_api == "messages":
+        chat[ANTHROPIC_BODY] = data  # the upstream speaks Messages: it gets the caller's body whole
     try:
         return body, parse_call("chat", orjson.dumps(chat), chat, gw.cfg)
     except APIError as e:  # the chat call's names for what the caller sent under Anthropic's

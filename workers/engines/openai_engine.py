@@ -49,13 +49,16 @@ import aiohttp
 import orjson
 
 from fleet.config import OpenAIUpstream, TierConfig
+from fleet.engine_config import ANTHROPIC_BODY
 from fleet.prompt_size import estimate_prompt_tokens
+from workers.engines.anthropic_upstream import ANTHROPIC_VERSION, StreamMap, chat_answer, messages_body
 from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
 
 log = logging.getLogger(__name__)
 
 _CLIENT_FAULT = {400, 413, 422}
+MESSAGES = "/messages"  # Anthropic's route, under the same base_url
 _DONE = object()
 _ABORTED = object()
 
@@ -203,7 +206,10 @@ class OpenAIEngine(Engine):
     def _body(self, req: EngineRequest) -> tuple[str, dict[str, Any]]:
         """The caller's request as it sent it, but for the model (the upstream's), how it is read
         (streamed with usage, so token counts are the upstream's own) and the output bound (the
-        fleet's, when the caller gave none)."""
+        fleet's, when the caller gave none). A Messages call to an upstream that speaks Anthropic's
+        API (`upstream_api: messages`) goes to its `/messages` as the caller sent it, model and bound set."""
+        if self.settings.upstream_api == "messages" and req.kind == "chat" and ANTHROPIC_BODY in req.body:
+            return MESSAGES, messages_body(req.body, self.model, req.stream, req.max_tokens)
         body = dict(req.body)
         body["model"] = self.model
         body["stream"] = req.stream
@@ -214,6 +220,12 @@ class OpenAIEngine(Engine):
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = req.max_tokens
         return ("/chat/completions" if req.kind == "chat" else "/completions"), body
+
+    def _headers(self, path: str) -> dict[str, str] | None:
+        """Anthropic's own headers on a `/messages` call (its key header beside the bearer one)."""
+        if path != MESSAGES:
+            return None
+        return {"anthropic-version": ANTHROPIC_VERSION, "x-api-key": self.settings.api_key}
 
     async def generate(self, req: EngineRequest) -> AsyncGenerator[Delta, None]:
         """The upstream's answer as deltas: each streamed chunk's parts as it sent them, then the
@@ -269,8 +281,9 @@ class OpenAIEngine(Engine):
     ) -> None:
         """Stream one request's SSE events into `queue`; errors become EngineErrors."""
         url = f"{self._base}{path}"
+        anthropic = StreamMap() if path == MESSAGES else None
         try:
-            async with client.post(url, data=orjson.dumps(body)) as r:
+            async with client.post(url, data=orjson.dumps(body), headers=self._headers(path)) as r:
                 if r.status >= 400:
                     _raise_for_status(r.status, await r.read())
                 done = False
@@ -297,7 +310,7 @@ class OpenAIEngine(Engine):
                         raise EngineError(
                             f"upstream error: {_error_message(data)}", "upstream_error", "stream_error"
                         )
-                    queue.put_nowait(event)
+                    done = _put(event, anthropic, queue)
             if not done:  # Stream ended without [DONE]: what arrived still counts if it finished.
                 queue.put_nowait(_DONE)
         except BaseException as e:
@@ -314,7 +327,8 @@ class OpenAIEngine(Engine):
             # No silence timeout: a non-streamed upstream says nothing until it is done;
             # the worker's deadline bounds the call.
             no_silence = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
-            async with client.post(url, data=orjson.dumps(body), timeout=no_silence) as r:
+            async with client.post(url, data=orjson.dumps(body), timeout=no_silence,
+                                   headers=self._headers(path)) as r:
                 status, content = r.status, await r.read()
             if status >= 400:
                 _raise_for_status(status, content)
@@ -326,11 +340,26 @@ class OpenAIEngine(Engine):
             if not isinstance(data, dict):
                 raise EngineError(f"upstream sent a malformed answer: {content[:200]!r}", "upstream_error",
                                   "bad_response")
-            queue.put_nowait(whole(data, path == "/chat/completions"))
+            if path == MESSAGES:
+                data = chat_answer(data)
+            queue.put_nowait(whole(data, path != "/completions"))
         except BaseException as e:
             _report(e, queue, url, self.settings.silence_timeout_s)
             if isinstance(e, asyncio.CancelledError):
                 raise
+
+
+def _put(event: dict[str, Any], anthropic: StreamMap | None, queue: asyncio.Queue[Any]) -> bool:
+    """Queue one upstream event (Anthropic's as the chat chunks they stand for); True when it ends the answer."""
+    if anthropic is None:
+        queue.put_nowait(event)
+        return False
+    for chunk in anthropic.feed(event):
+        queue.put_nowait(chunk)
+    if event.get("type") == "message_stop":
+        queue.put_nowait(_DONE)
+        return True
+    return False
 
 
 def _raise_for_status(status: int, body: bytes) -> None:
