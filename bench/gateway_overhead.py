@@ -3,7 +3,9 @@
 - baseline: the load straight to an instant OpenAI-compatible server (bench/mock_upstream.py);
 - sim:      client -> gateway -> Redis line -> worker (`sim` engine, zero-latency profile);
 - openai:   client -> gateway -> Redis line -> worker (`openai` engine) -> the same mock server:
-            the real forwarding path, a fleet in front of vLLM / SGLang / TGI.
+            the real forwarding path, a fleet in front of vLLM / SGLang / TGI;
+- messages: the same forwarding path called as Anthropic's `POST /v1/messages` (the same body,
+            which is a valid Messages body too): the Messages mapping's cost, against `openai`.
 
 Each at concurrency 1, 16 and 64, streaming and not: latency p50/p99 (non-streaming) or
 time to first chunk (streaming), throughput, and the CPU each process spent per request
@@ -11,7 +13,7 @@ time to first chunk (streaming), throughput, and the CPU each process spent per 
 noise hits every path alike; the figures to read are the differences and ratios against
 the baseline measured in the same run.
 
-    .venv/bin/python bench/gateway_overhead.py [--requests 2000] [--tokens 16] [--paths sim,openai]
+    .venv/bin/python bench/gateway_overhead.py [--requests 2000] [--tokens 16] [--paths sim,openai,messages]
         [--concurrency 1,16,64] [--profile DIR] [--gateways]
 
 --profile DIR runs the gateway and the workers under cProfile and leaves their stats in DIR
@@ -56,7 +58,7 @@ FLEET = bench_config(zero_tier("routing"), """  forward:
     engine: openai
     openai: {base_url: "http://127.0.0.1:%(mock)d/v1", model: mock}
 """)
-TIER = {"sim": "routing", "openai": "forward"}
+TIER = {"sim": "routing", "openai": "forward", "messages": "forward"}
 
 
 async def _wait_http(url: str, model: str, limit_s: float = 60) -> None:
@@ -97,7 +99,8 @@ async def load(url: str, model: str, concurrency: int, total: int, tokens: int,
                         first = await r.content.readany()
                         lat.append(time.perf_counter() - t0)
                         data = first + await r.read()
-                        if r.status == 200 and not data.rstrip().endswith(b"[DONE]"):
+                        # A chat stream ends with [DONE], a Messages stream with its message_stop event.
+                        if r.status == 200 and not data.rstrip().endswith((b"[DONE]", b'"message_stop"}')):
                             raise RuntimeError(f"stream ended early: {data[-200:]!r}")
                     else:
                         data = await r.read()
@@ -230,7 +233,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--gateways", action="store_true", help="also compare 1 and 2 gateway processes")
-    ap.add_argument("--paths", default="sim,openai", help="which fleet paths: sim, openai or both")
+    ap.add_argument("--paths", default="sim,openai", help="which fleet paths: sim, openai, messages")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--profile", default=None, help="a folder: run gateway and workers under cProfile")
     ap.add_argument("--against", default=None, help="a git revision: compare its forwarding path with this code's")
@@ -255,11 +258,15 @@ def main() -> None:
                                       env=env, cwd=ROOT),
              "gateway": subprocess.Popen(part("gateway", "gateway", "--port", str(gw_port)), env=env, cwd=ROOT)}
     for path in paths:
+        if path == "messages" and "openai" in paths:
+            continue  # the openai path's worker serves both: one worker, so the two paths compare alike
         procs[f"w-{path}"] = subprocess.Popen(part(f"worker-{path}", "worker", "--tier", TIER[path]), env=env,
                                               cwd=ROOT)
     pids = {"client": os.getpid(), **{k: p.pid for k, p in procs.items()}, "redis": server.proc.pid}
     gw = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
     urls = {"baseline": f"http://127.0.0.1:{mock_port}/v1/chat/completions", **dict.fromkeys(paths, gw)}
+    if "messages" in paths:
+        urls["messages"] = f"http://127.0.0.1:{gw_port}/v1/messages"
     r = redis.Redis.from_url(server_url)
     try:
         if args.against:
