@@ -209,12 +209,9 @@ def agent_fleet(redis_url: str, out: Path) -> Iterator[tuple[Fleet, Upstream]]:
 
 
 @contextmanager
-def running(token_delay_s: float = 0.0) -> Iterator[Upstream]:
-    """The scripted upstream on a free loopback port, in a thread of this process."""
-    up = Upstream(token_delay_s)
-    up.port = free_port()
-    server = uvicorn.Server(uvicorn.Config(up.app(), host="127.0.0.1", port=up.port, log_level="warning",
-                                           lifespan="off"))
+def served(app: Starlette, port: int) -> Iterator[None]:
+    """A scripted upstream's app served on a loopback port, in a thread of this process, until the block ends."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     end = time.monotonic() + 10
@@ -223,7 +220,16 @@ def running(token_delay_s: float = 0.0) -> Iterator[Upstream]:
             raise RuntimeError("the scripted upstream did not start")
         time.sleep(0.01)
     try:
-        yield up
+        yield
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+@contextmanager
+def running(token_delay_s: float = 0.0) -> Iterator[Upstream]:
+    """The scripted upstream on a free loopback port, in a thread of this process."""
+    up = Upstream(token_delay_s)
+    up.port = free_port()
+    with served(up.app(), up.port):
+        yield up

@@ -11,15 +11,12 @@ request it gets with its path, so a test can tell `/v1/messages` from `/v1/chat/
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
-import uvicorn
 import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from fleet.redis_server import free_port
+from tests.agent_upstream import served
 from tests.harness import TEST_CONFIG
 
 MODEL = "scripted-claude"
@@ -124,17 +122,5 @@ def running() -> Iterator[MessagesUpstream]:
     """The scripted upstream on a free loopback port, in a thread of this process."""
     up = MessagesUpstream()
     up.port = free_port()
-    server = uvicorn.Server(uvicorn.Config(up.app(), host="127.0.0.1", port=up.port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    end = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > end:
-            raise RuntimeError("the scripted upstream did not start")
-        time.sleep(0.01)
-    try:
+    with served(up.app(), up.port):
         yield up
-    finally:
-        server.should_exit = True
-        thread.join(5)
