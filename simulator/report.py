@@ -173,8 +173,6 @@ def replicas_at(r: SimResult, tier: str, t: float) -> int | None:
     return best
 
 
-# --- Checks --------------------------------------------------------------------------
-
 
 def committed_missed(r: SimResult) -> int:
     """Committed calls that arrived and did not complete on time (shed, expired or aborted)."""
@@ -243,8 +241,6 @@ def checks(r: SimResult, bound_hours: float | None = None,
                     ", ".join(f"{k} {seen[k]} (want {v})" for k, v in floors.items())))
     return out
 
-
-# --- Rendering -----------------------------------------------------------------------
 
 
 def _f(x: Any, nd: int = 2) -> str:

@@ -1,26 +1,21 @@
 """The `openai` engine: forward to an existing OpenAI-compatible server.
 
-The request goes upstream as the agent sent it (tools, `tool_choice`, `response_format`,
-logprobs, sampling fields, messages with their tool calls and content parts, any field
-the upstream takes), but for `model` (the upstream's), `stream` and the output bound
-when the caller gave none. The answer comes back as the upstream sent it: each chunk's
-delta members (tool-call fragments, reasoning, refusal) and logprobs, or the whole
-choice when not streamed; an upstream 400/413/422 is the caller's 400 with the
-upstream's message.
+The request goes upstream as the agent sent it (tools, `tool_choice`, `response_format`, logprobs, sampling fields,
+messages with their tool calls and content parts, any field the upstream takes), but for `model` (the upstream's),
+`stream` and the output bound when the caller gave none. The answer comes back as the upstream sent it: each chunk's
+delta members (tool-call fragments, reasoning, refusal) and logprobs, or the whole choice when not streamed; an
+upstream 400/413/422 is the caller's 400 with the upstream's message.
 
-A streamed call is forwarded streaming: `/chat/completions` or `/completions`
-over SSE with `stream_options.include_usage`, so token counts are the
-upstream's own; when the upstream sends no usage, completion tokens are the
-number of content chunks and prompt tokens an estimate (characters / 4). A
-non-streamed call is forwarded non-streamed (one JSON body to parse instead of
-a chunk per token); the upstream is then silent until it is done, so only the
-request's deadline bounds it, not `silence_timeout_s`.
+A streamed call is forwarded streaming: `/chat/completions` or `/completions` over SSE with
+`stream_options.include_usage`, so token counts are the upstream's own; when the upstream sends no usage, completion
+tokens are the number of content chunks and prompt tokens an estimate (characters / 4). A non-streamed call is
+forwarded non-streamed (one JSON body to parse instead of a chunk per token); the upstream is then silent until it is
+done, so only the request's deadline bounds it, not `silence_timeout_s`.
 
-The hot path: one `aiohttp.ClientSession` per engine (a fraction of httpx's CPU per
-call, which on a small box is what the forwarding path costs), its connections kept
-alive and reused: a stream is read to its end after `[DONE]`, off the caller's path, so
-its connection goes back to the pool rather than being closed. Bodies are encoded and
-decoded with orjson, SSE lines are read as bytes.
+The hot path: one `aiohttp.ClientSession` per engine (a fraction of httpx's CPU per call, which on a small box is what
+the forwarding path costs), its connections kept alive and reused: a stream is read to its end after `[DONE]`, off the
+caller's path, so its connection goes back to the pool rather than being closed. Bodies are encoded and decoded with
+orjson, SSE lines are read as bytes.
 
 Every upstream failure becomes an `EngineError`, never a hang:
     upstream_timeout  connect timeout (code connect_timeout), no byte for
@@ -120,7 +115,6 @@ class OpenAIEngine(Engine):
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._draining: set[asyncio.Task[None]] = set()  # finished streams read to their end
 
-    # -- lifecycle --------------------------------------------------------
 
     def _make_client(self) -> aiohttp.ClientSession:
         s = self.settings
@@ -191,7 +185,6 @@ class OpenAIEngine(Engine):
         if client is not None:
             await client.close()
 
-    # -- requests ---------------------------------------------------------
 
     @property
     def model_name(self) -> str:
@@ -243,8 +236,7 @@ class OpenAIEngine(Engine):
         done = False
         try:
             while True:
-                # The reader always ends with exactly one of _DONE, _ABORTED or
-                # an EngineError, so this never waits on a dead reader.
+                # The reader always ends with _DONE, _ABORTED or an EngineError: no wait on a dead reader.
                 item = await queue.get()
                 if item is _DONE:
                     done = True
@@ -270,8 +262,7 @@ class OpenAIEngine(Engine):
                 if not reader.done():
                     reader.cancel()
                 try:
-                    # The reader reports through the queue and never raises but
-                    # CancelledError; asyncio.wait doesn't re-raise that one.
+                    # The reader reports through the queue; it raises only CancelledError, never re-raised here.
                     await asyncio.wait({reader})
                 finally:
                     self._readers.pop(req.request_id, None)
@@ -324,8 +315,7 @@ class OpenAIEngine(Engine):
         """One non-streamed call: its answer as one chunk-shaped event, then _DONE."""
         url = f"{self._base}{path}"
         try:
-            # No silence timeout: a non-streamed upstream says nothing until it is done;
-            # the worker's deadline bounds the call.
+            # No silence timeout: a whole answer is silent until done; the worker's deadline bounds it.
             no_silence = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
             async with client.post(url, data=orjson.dumps(body), timeout=no_silence,
                                    headers=self._headers(path)) as r:
