@@ -20,10 +20,13 @@ the simulator agree:
 - `judge`: all of that for one tier, with the reason it decided what it did.
 
 Exhausted means the fleet *as it runs now* cannot be afforded to the end of a
-window (projected spend >= budget). Then classes below committed are shed with
-`budget_exhausted`, which lets the line empty and the scaler step down: the
-burn falls, and with it the projection. Speculative work on replicas already
-paid for and within budget is not shed by budget: it costs nothing extra.
+window (projected spend >= budget) and shedding can lower the spend
+(`shedding_saves`: a per-token price, or replicas above the floor). Then classes
+below committed are shed with `budget_exhausted`, which lets the line empty and
+the scaler step down: the burn falls, and with it the projection. Work on
+replicas already paid for is not shed by budget: within budget (decision 0013),
+nor on the floor of a tier billed by the replica-second, which bills to the
+window's end whether it serves or idles (decision 0083).
 """
 
 from __future__ import annotations
@@ -271,6 +274,24 @@ def replica_cost_usd_per_s(replica_usd_per_s: float, token_burn_usd_per_s: float
 # --- The tier's judgement ------------------------------------------------------
 
 
+def shedding_saves(tc: TierConfig, replicas: int) -> bool:
+    """Whether refusing a call by budget can lower what the tier spends (decision 0083).
+
+    Shedding spares two kinds of spend: the per-token charge of the call itself, and the
+    replica-seconds above the floor that the line would otherwise keep (shed, the line empties
+    and the scaler steps down). Neither exists on a tier billed by the replica-second alone
+    while it runs no more than its warm floor: the scaler keeps the floor whatever the budget
+    says, so those replicas bill to the window's end whether they serve or idle, and a call
+    they serve costs nothing extra. A floor of zero keeps nothing, so there every replica is
+    one the budget pays for by choice. A tier with no price at all has nothing shedding could
+    save either, but there the budget can only be an operator's deliberate switch (a $0 budget
+    to close a tier's lower classes): it keeps the projection's word.
+    """
+    if tc.hourly_usd <= 0 or (tc.usd_per_million_tokens or 0.0) > 0:
+        return True
+    return tc.warm_floor <= 0 or replicas > tc.warm_floor
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetObservation:
     """What the governor saw for one tier at `now`."""
@@ -348,6 +369,13 @@ def judge(tc: TierConfig, obs: BudgetObservation, lead_s: float = 0.0) -> Budget
     ceiling = min(bounded) if bounded else None
     capped = ceiling is not None and ceiling < tc.max_replicas
     spent_out = [v for v in views if v.exhausted]
+    if spent_out and not shedding_saves(tc, obs.replicas):
+        bind = max(spent_out, key=lambda v: v.end)
+        reason = (f"projected spend ${bind.projected_usd:.2f} reaches the {bind.name} budget ${bind.budget_usd:.2f}, "
+                  f"but the tier runs only its floor ({floor}), billed by the replica-second: "
+                  f"a call shed would save nothing")
+        return BudgetView(False, bind.name, None, bind.spent_usd, bind.projected_usd, bind.budget_usd,
+                          ceiling, capped, burn, reason, tuple(views), soon)
     if spent_out:
         bind = max(spent_out, key=lambda v: v.end)
         reason = (f"projected spend ${bind.projected_usd:.2f} reaches the {bind.name} budget "

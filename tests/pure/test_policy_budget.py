@@ -25,6 +25,7 @@ from fleet.policy.tier_budget import (
     projected_spend,
     replica_cost_usd_per_s,
     replica_usd_per_s,
+    shedding_saves,
 )
 
 NY = ZoneInfo("America/New_York")
@@ -191,7 +192,8 @@ def test_judge_exhausted_when_the_running_fleet_cannot_be_afforded() -> None:
 def test_judge_spent_out_daily_budget_retries_at_the_reset() -> None:
     tc = _planner(daily_usd=100, reset_at="06:00")
     now = at(2026, 11, 3, 20, 0)
-    v = judge(tc, BudgetObservation(now=now, replicas=1, spent_usd={"daily": 100.0}))
+    # Two running, one above the floor: shedding lets it go (at the floor alone, see below).
+    v = judge(tc, BudgetObservation(now=now, replicas=2, spent_usd={"daily": 100.0}))
     assert v.exhausted and v.window == "daily" and v.ceiling == 0
     assert v.retry_at == at(2026, 11, 4, 6, 0)
 
@@ -270,3 +272,64 @@ def test_a_window_about_to_open_bounds_the_ceiling_ahead_of_it() -> None:
     assert day is not None and day < 8
     assert late.ceiling == day and [w.name for w in late.upcoming] == ["daily"]
 
+
+
+# --- Shedding by budget only where it saves (decision 0083) ---------------------
+
+AFTERNOON = [BudgetWindow(name="afternoon", cron="0 14 * * 1-5", duration_s=7200, usd=40)]
+
+
+def _analysis(**over: object) -> TierConfig:
+    """budget-runs-out's analysis tier: $2.50 a replica-hour, a floor of two, a $40 afternoon."""
+    base: dict[str, object] = {"hourly_usd": 2.50, "warm_floor": 2, "max_replicas": 20, "scale_in_hold_s": 60,
+                               "budget": Budget(daily_usd=900, timezone="America/New_York", windows=AFTERNOON)}
+    return TierConfig(**{**base, **over})  # type: ignore[arg-type]
+
+
+KNIFE_EDGE = at(2026, 11, 30, 15, 21, 51)  # the flood has spent the window to 100.01%, 38 minutes left
+
+
+def test_the_floor_of_a_tier_billed_by_the_hour_is_not_shed_by_budget() -> None:
+    """budget-runs-out: the flood spent the $40 window to $40.004, so the floor is unaffordable to
+    the window's end. The two floor replicas run and bill to 16:00 whatever the budget says (the
+    scaler keeps the floor), so shedding the interactive calls they serve saved nothing: it refused
+    6,960 of them for 38 minutes. The tier is capped at its floor, not exhausted."""
+    tc = _analysis()
+    obs = BudgetObservation(now=KNIFE_EDGE, replicas=2, spent_usd={"daily": 40.004, "afternoon": 40.004})
+    v = judge(tc, obs)
+    assert not v.exhausted and v.retry_at is None
+    assert v.window == "afternoon" and v.projected_usd > v.budget_usd == 40  # type: ignore[operator]
+    assert v.ceiling is not None and v.ceiling < 2 and v.capped  # no replica beyond the floor
+    assert "save nothing" in v.reason
+    assert [w.exhausted for w in v.windows if w.name == "afternoon"] == [True]  # the window is still reported spent
+    assert not shedding_saves(tc, 2) and not shedding_saves(tc, 1)  # starting up to the floor: the same
+
+
+def test_replicas_above_the_floor_are_still_shed_for() -> None:
+    """One replica above the floor: shedding lets the line empty and the scaler give it back."""
+    v = judge(_analysis(), BudgetObservation(now=KNIFE_EDGE, replicas=3, spent_usd={"afternoon": 40.004}))
+    assert v.exhausted and v.window == "afternoon" and v.retry_at == at(2026, 11, 30, 16, 0)
+    assert "reaches the afternoon budget" in v.reason
+
+
+@pytest.mark.parametrize(("hourly", "per_million"), [(2.50, 4.0), (0.0, 4.0)], ids=["both", "tokens only"])
+def test_a_tier_with_a_per_token_price_is_shed_for_at_its_floor(hourly: float, per_million: float) -> None:
+    """Every call served costs its tokens: at the floor too, refusing it is spend saved."""
+    tc = _analysis(hourly_usd=hourly, usd_per_million_tokens=per_million)
+    v = judge(tc, BudgetObservation(now=KNIFE_EDGE, replicas=2, spent_usd={"afternoon": 40.004},
+                                    token_burn_usd_per_s=0.001))
+    assert v.exhausted and shedding_saves(tc, 2)
+
+
+def test_a_floor_of_zero_keeps_nothing_so_every_replica_is_shed_for() -> None:
+    """Scaled to zero, a call would start a replica the budget pays for: it is refused by budget."""
+    tc = _analysis(warm_floor=0)
+    v = judge(tc, BudgetObservation(now=KNIFE_EDGE, replicas=0, spent_usd={"afternoon": 40.004}))
+    assert v.exhausted and v.ceiling == 0
+    assert judge(tc, BudgetObservation(now=KNIFE_EDGE, replicas=1, spent_usd={"afternoon": 40.004})).exhausted
+
+
+def test_a_zero_budget_on_a_free_tier_still_closes_it() -> None:
+    """No price at all: nothing to save, but a $0 budget is the operator's switch, kept as it was."""
+    tc = TierConfig(warm_floor=1, max_replicas=1, budget=Budget(daily_usd=0))
+    assert judge(tc, BudgetObservation(now=KNIFE_EDGE, replicas=1)).exhausted

@@ -1,8 +1,9 @@
 """Degrade before shedding in the replay (`simulator.degrade`, docs/degrade.md): the simulator asks
 the gateway's pure decision, and reports calls degraded beside those shed.
 
-A large tier whose budget is $0 (spent from the first tick) and a small one with room: the large
-tier's speculative calls are served by the small one with its rule, shed without it; its
+A large tier whose budget is $0 (spent from the first tick; priced per token too, so each call
+it serves would spend: decision 0083) and a small one with room: the large tier's speculative
+calls are served by the small one with its rule, shed without it; its
 committed calls are served where they asked either way."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SIM = {"weights_gb": 1, "load_gb_s": 10, "warmup_s": 0, "prefill_tokens_per_s": 
 def _scenario(degrade: bool) -> Scenario:
     tier = {"warm_floor": 1, "max_replicas": 2, "slots": 8, "wait_limit_s": dict.fromkeys(CLASSES, 30.0),
             "hourly_usd": 1.0, "sim": SIM, "prewarm": []}
-    big: dict[str, Any] = {**tier, "budget": {"daily_usd": 0}}
+    big: dict[str, Any] = {**tier, "usd_per_million_tokens": 1.0, "budget": {"daily_usd": 0}}
     if degrade:
         big["degrade"] = {"to": "small", "classes": ["speculative"]}
     return parse_scenario({
