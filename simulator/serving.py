@@ -96,7 +96,7 @@ class Serving:
     def drain_replicas(self, tier: TierSim, n: int) -> int:
         """Drain the `n` replicas the policy names (`fleet.policy.scale_in_victims`)."""
         tier.account(self.events.t)
-        slots, t0 = tier.tc.slots, tier.start_epoch
+        slots, t0 = tier.concurrency, tier.start_epoch
         seen = [ObservedReplica(r.id, r.state, slots, r.running, t0 + r.started, cached=len(r.model.prefixes))
                 for r in tier.replicas]
         leaving = {v.id for v in scale_in_victims(seen, n)}
@@ -144,7 +144,7 @@ class Serving:
         when the first of them is due."""
         if not tier.waiting or not tier.n_ready:
             return
-        slots, t, hold, calls_on = tier.tc.slots, self.events.t, hold_rules(tier), self.calls_on
+        slots, t, hold, calls_on = tier.concurrency, self.events.t, hold_rules(tier), self.calls_on
         while tier.waiting:
             took, held, retry = False, False, 0.0
             for r in sorted((r for r in tier.ready_list if r.running < slots), key=_busy):

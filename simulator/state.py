@@ -26,6 +26,7 @@ from fleet.policy import (
 )
 from fleet.policy.claim import HoldRules
 from fleet.policy.fairness import call_cost, fair_line
+from fleet.policy.tier_capacity import claim_concurrency
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
 from simulator.arrivals import Call, ChainArrival
 from simulator.line import ClassLine, FlowShares
@@ -136,6 +137,9 @@ class TierSim:
         self.profile = tc.sim  # how its replicas behave
         self.cold_start = cold_start_s(tc.sim)
         self.slowest_step_s = step_s(tc.sim, tc.slots)  # a decode step of a full batch
+        # The calls a replica claims at once: its slots, no more than its KV cache holds at the
+        # typical shape, as the live worker claims (`fleet.policy.tier_capacity.claim_concurrency`).
+        self.concurrency = claim_concurrency(tc, tc.sim.kv_capacity_tokens)
         self.start_epoch = start_epoch
         self.line = [ClassLine(shares) for _ in CLASSES]
         self.fair = fair  # None: fifo within a class; else the fair line's settings
@@ -279,7 +283,7 @@ class TierSim:
         self._replicas_seen = None
 
     def _observed(self) -> Replicas:
-        slots, t0 = self.tc.slots, self.start_epoch
+        slots, t0 = self.concurrency, self.start_epoch  # what a live replica's heartbeat reports
         return Replicas.of(ObservedReplica(r.id, r.state, slots, r.running, t0 + r.started,
                                            self.cold_start if r.state != "starting" else None)
                            for r in self.replicas)

@@ -49,7 +49,7 @@ def _holder(tier: TierSim, req: Req, r: SimReplica, t: float) -> Holder:
         return Holder.NONE
     if h is r:
         return Holder.MINE
-    if h.state == "ready" and (h.running < tier.tc.slots or t - h.claimed <= LIVE_S):
+    if h.state == "ready" and (h.running < tier.concurrency or t - h.claimed <= LIVE_S):
         return Holder.OTHER
     return Holder.NONE
 
@@ -82,7 +82,9 @@ def take_for(
     # Only the best class is read by the rule: the classes below it stay empty.
     heads: list[Sequence[Waiting]] = [()] * len(tier.by_class)
     heads[best] = views
-    view = ReplicaView(tier.tc.slots, ranks, tier.reserved)
+    # The slots a replica claims with are those its engine holds at once (`TierSim.concurrency`), as
+    # the live worker claims: a 12-slot replica whose KV cache holds 8 typical calls claims 8.
+    view = ReplicaView(tier.concurrency, ranks, tier.reserved)
     take = choose_take(heads, view, hold, caps_of(view) if tier.reserved else None)
     if take.call is None:
         return take, None

@@ -117,6 +117,15 @@ def reserved_by_rank(tc: TierConfig) -> tuple[int, ...]:
     return tuple(kept.get(p.name, 0) for p in Priority) if kept else ()
 
 
+def claim_concurrency(tc: TierConfig, kv_capacity_tokens: int | None) -> int:
+    """The calls one replica of `tc` claims at once, its engine's KV cache holding
+    `kv_capacity_tokens` (None: unknown, its slots alone bound it): its slots, but no more than
+    fit at the tier's typical shape. What the live worker claims with (`workers.worker`) and the
+    replay takes with (`simulator.taking`), so both hold only what the engine holds."""
+    cap = tier_capacity(tc)  # the typical shape the tier plans with, as the worker reads it
+    return replica_concurrency(tc.slots, kv_capacity_tokens, cap.typical_prompt_tokens + cap.typical_output_tokens)
+
+
 def default_max_tokens(tc: TierConfig) -> int:
     """The most a call that names no max_tokens may generate on this tier."""
     return min(DEFAULT_MAX_TOKENS, tc.max_tokens_limit)
