@@ -25,12 +25,12 @@ from fleet.policy import (
     waiting,
 )
 from fleet.policy.cold_start import ColdStartPhases, median_phases, model_error, modelled_startup
-from fleet.policy.prewarm import planning_cold_start, prewarm_lead_s, window_plans
+from fleet.policy.prewarm import ColdStart, planning_cold_start, prewarm_lead_s, window_plans
 from fleet.store.capacity import read_calibration
 from fleet.store.chains import ChainOutcomes, read_chains
 from fleet.store.line import Line
 from fleet.store.model_registry import ModelRecord, read_record
-from fleet.store.scaler_state import read_scaler_state
+from fleet.store.scaler_state import ScalerState, read_scaler_state
 from fleet.store.tier_budget import BudgetState
 from gateway.admission import TierView
 
@@ -72,17 +72,26 @@ def budget_status(state: BudgetState | None) -> dict[str, Any]:
     }
 
 
-SCALER_TICK_S = 1.0  # `fleet scaler --tick`'s default: the margin a pre-warm's plan adds per tick
+SCALER_TICK_S = 1.0  # `fleet scaler --tick`'s default: the margin, until a scaler has published its own
 
 
-def prewarm_windows(tc: TierConfig, now: float, startup_s: float, cold_starts: list[float]) -> list[dict[str, Any]]:
+def prewarm_windows(tc: TierConfig, now: float, startup_s: float, cold_starts: list[float],
+                    sc: ScalerState | None = None) -> list[dict[str, Any]]:
     """Each scheduled pre-warm window's instance in force or next, planned by the scaler's own
     rule (`fleet.policy.prewarm`): when its replicas start, when they must be ready, and why.
-    A `ready_at` window plans on the p95 of the replicas' cold starts as they report them
-    (the scaler's own launch-to-ready measurements stay in the scaler), else the model's."""
-    cold = planning_cold_start((), cold_starts, modelled_startup_s(tc))
-    plans = window_plans(tc.prewarm, now, lead_s=prewarm_lead_s(startup_s, SCALER_TICK_S), startup_s=startup_s,
-                         cold=cold, tick_s=SCALER_TICK_S, tz=tc.budget.timezone)
+
+    With a scaler running (`sc`), the plan is the scaler's: the cold start it plans `ready_at`
+    windows with (its launch-to-ready p95, which counts the process start the replicas' own
+    figures leave out), its expected start-up and its tick, as it published them. Without one,
+    the same rule on what the page can see: the replicas' own cold starts, else the model's.
+    """
+    if sc is not None and sc.ready_cold_s is not None:
+        cold = ColdStart(sc.ready_cold_s, sc.ready_cold_measured, sc.ready_cold_source)
+        tick_s, startup_s = sc.tick_s or SCALER_TICK_S, sc.startup_s if sc.startup_s is not None else startup_s
+    else:
+        cold, tick_s = planning_cold_start((), cold_starts, modelled_startup_s(tc)), SCALER_TICK_S
+    plans = window_plans(tc.prewarm, now, lead_s=prewarm_lead_s(startup_s, tick_s), startup_s=startup_s,
+                         cold=cold, tick_s=tick_s, tz=tc.budget.timezone)
     return [{"kind": p.kind, "cron": p.cron, "floor": p.floor, "start": p.start, "ready_by": p.at, "end": p.end,
              "active": p.active, "why": p.why, "timezone": tc.budget.timezone} for p in plans]
 
@@ -146,7 +155,7 @@ async def tier_status(cfg: FleetConfig, redis: Redis, line: Line, view: TierView
         "prewarm": ({"floor": sc.prewarm_floor, "until": sc.prewarm_until, "source": sc.prewarm_source}
                     if sc and sc.prewarm_floor else None),
         "prewarm_windows": prewarm_windows(tc, obs.now, cap.startup_s,
-                                           [r.cold_start_s for r in live.beats if r.cold_start_s is not None]),
+                                           [r.cold_start_s for r in live.beats if r.cold_start_s is not None], sc),
         "last_decision": ({"action": sc.action, "delta": sc.delta, "reason": sc.reason, "at": sc.at,
                            "last_change": sc.last_reason or None} if sc else None),
         **budget_status(live.budget),

@@ -35,9 +35,9 @@ from fleet.policy import (
     ObservedReplica,
     PlanInput,
     PlanState,
-    Prewarm,
     ScaleDecision,
     TierObservation,
+    TierPlan,
     modelled_startup_s,
     plan_tier,
     replicas_by_version,
@@ -205,7 +205,7 @@ class Scaler:
         metrics.set_replicas(tier, replicas_by_version(reps.members, live))
         metrics.REPLICA_FLOOR.labels(tier).set(d.floor)
         metrics.REPLICA_CEILING.labels(tier).set(d.ceiling)
-        await self._publish(k, tier, d, note, now, plan.prewarm, plan.capacity.startup_s, reps.by_state)
+        await self._publish(k, tier, d, note, now, plan, reps.by_state)
         return d
 
     async def _plan_input(self, tier: str, k: TierKeys) -> tuple[PlanInput, list[ReplicaEvent]]:
@@ -278,15 +278,16 @@ class Scaler:
             return f" ({'; '.join(done)})"
         return ""
 
-    async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, pw: Prewarm,
-                       startup: float, count: dict[str, int]) -> None:
-        acted = d.action != "hold"
+    async def _publish(self, k: TierKeys, tier: str, d: ScaleDecision, note: str, now: float, plan: TierPlan,
+                       count: dict[str, int]) -> None:
+        acted, pw, cold = d.action != "hold", plan.prewarm, plan.ready_cold
         await write_scaler_state(self.redis, k, ScalerState(
             floor=d.floor, ceiling=d.ceiling, ceiling_by=d.ceiling_by, desired=d.desired, action=d.action,
             delta=d.delta, reason=d.reason + note, code=d.code, at=now, ts=now, scaler=self.id,
             ready=count["ready"], starting=count["starting"], draining=count["draining"], prewarm_floor=pw.floor,
             prewarm_until=pw.until, prewarm_source=pw.source or "", calm_since=d.calm_since, calm_keep=d.calm_keep,
-            startup_s=round(startup, 3), last_action=d.action if acted else "",
+            startup_s=round(plan.capacity.startup_s, 3), tick_s=self.tick_s, ready_cold_s=round(cold.seconds, 3),
+            ready_cold_measured=cold.measured, ready_cold_source=cold.source, last_action=d.action if acted else "",
             last_reason=d.reason + note if acted else "", last_at=now if acted else None))
         key = (d.action, d.code)
         if d.action in ("scale_out", "scale_in") or self.last_written.get(tier) != key:

@@ -22,6 +22,7 @@ from fleet.config import TierConfig
 from fleet.policy.calibration import Calibration, calibrate, calibrated_capacity, initial_calibration
 from fleet.policy.observation import TierObservation, scaling_state
 from fleet.policy.prewarm import (
+    ColdStart,
     Prewarm,
     PrewarmOrder,
     active_prewarm,
@@ -68,6 +69,7 @@ class TierPlan:
     capacity: TierCapacity  # the calibrated capacity the decision used
     prewarm: Prewarm  # the pre-warm in force
     state: PlanState  # pass to the next tick
+    ready_cold: ColdStart  # what a `ready_at` window plans with now: published, so status shows the same plan
 
 
 def with_startup(state: PlanState, startup_s: float) -> PlanState:
@@ -80,13 +82,12 @@ def with_start_timeout(state: PlanState, ran_s: float) -> PlanState:
     return replace(state, startup_at_least_s=max(state.startup_at_least_s, ran_s))
 
 
-def _ready_lead(inp: PlanInput, state: PlanState) -> float:
-    """How early a `ready_at` window starts: the p95 cold start measured (`fleet.policy.prewarm`)."""
+def _ready_cold(inp: PlanInput, state: PlanState) -> ColdStart:
+    """The cold start a `ready_at` window plans with: the p95 measured (`fleet.policy.prewarm`)."""
     obs = inp.obs
-    cold = planning_cold_start(obs.startups_measured,
+    return planning_cold_start(obs.startups_measured,
                                [r.cold_start_s for r in obs.replicas.members if r.cold_start_s is not None],
                                modelled_startup_s(inp.cfg), state.startup_at_least_s)
-    return ready_lead_s(cold, inp.tick_s)
 
 
 def plan_tier(inp: PlanInput, state: PlanState) -> TierPlan:
@@ -95,8 +96,10 @@ def plan_tier(inp: PlanInput, state: PlanState) -> TierPlan:
     obs, tc = inp.obs, inp.cfg
     cal = calibrate(state.calibration or initial_calibration(tc), tc, obs, at_least_s=state.startup_at_least_s)
     cap = calibrated_capacity(tc, cal)
+    ready_cold = _ready_cold(inp, state)
+    ready_lead = ready_lead_s(ready_cold, inp.tick_s) if tc.prewarm else None
     prewarm = active_prewarm(tc.prewarm, inp.orders, obs.now, prewarm_lead_s(cap.startup_s, inp.tick_s),
-                             tc.budget.timezone, ready_lead=_ready_lead(inp, state) if tc.prewarm else None)
+                             tc.budget.timezone, ready_lead=ready_lead)
     reps = obs.replicas
     have = reps.ready + reps.starting
     budget = obs.budget
@@ -110,4 +113,4 @@ def plan_tier(inp: PlanInput, state: PlanState) -> TierPlan:
         calm_since=state.calm_since, calm_keep=state.calm_keep)
     decision = decide_tier(scaling, tc, obs.now)
     carried = replace(state, calibration=cal, calm_since=decision.calm_since, calm_keep=decision.calm_keep)
-    return TierPlan(decision, cal, cap, prewarm, carried)
+    return TierPlan(decision, cal, cap, prewarm, carried, ready_cold)

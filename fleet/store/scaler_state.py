@@ -46,6 +46,10 @@ class ScalerState:
     calm_since: float | None = None
     calm_keep: int = 0  # the highest need seen since calm_since: a new leader resumes the hold with it
     startup_s: float | None = None  # the start-up the scaler expects (measured, else modelled)
+    tick_s: float | None = None  # how often it ticks: a pre-warm's margin
+    ready_cold_s: float | None = None  # the cold start a `ready_at` window plans with (`ColdStart`)
+    ready_cold_measured: int = 0
+    ready_cold_source: str = ""
     last_action: str = ""  # the last action other than hold, and its reason and time
     last_reason: str = ""
     last_at: float | None = None

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from fleet.policy.prewarm import READY_MARGIN_TICKS, p95
-from gateway.status import SCALER_TICK_S
+from fleet.policy.prewarm import READY_MARGIN_TICKS
 from tests.harness import Fleet, config_variant, wait_until
 from tests.processes.test_scaler import (  # the scaler tests' fleet and readers, reused
     ADMIN,
@@ -90,18 +89,21 @@ def test_ready_at_window_has_its_floor_ready_by_its_time(sfleet: Fleet, tmp_path
                why=lambda: (time.time() - t_ready, {k: b["state"] for k, b in heartbeats(f).items()}))
     ready_at_s = time.time() - t_ready
 
-    # (3) The status page shows the window: ready by its time, started ahead by the p95 cold start
-    # and a tick, and why. Its cold start is the replicas' own (engine) figure, as they report it:
-    # the scaler's launch-to-ready measurements stay in the scaler (gateway/status.py).
+    # (3) The status page shows the window as the scaler plans it: ready by its time, started
+    # ahead by the scaler's own p95 cold start (launch to ready, as it published it once all
+    # three start-ups are measured) and its tick, and why.
+    wait_until(lambda: published(f).get("ready_cold_measured") == str(FLOOR), 10 * TICK_S,
+               what="the scaler planning on the window's three start-ups", why=lambda: published(f))
     f.start_gateway()
     doc = httpx.get(f"{f.base_url}/v1/fleet/status", headers=ADMIN, timeout=10).json()["tiers"][TIER]
     (w,) = doc["prewarm_windows"]
     assert (w["kind"], w["cron"], w["floor"], w["ready_by"], w["active"]) == ("ready_at", cron, FLOOR,
                                                                             float(t_ready), True), w
-    own = [r["cold_start_s"] for r in doc["replica_detail"] if r.get("cold_start_s") is not None]
-    assert own and abs(w["start"] - (t_ready - p95(own) - READY_MARGIN_TICKS * SCALER_TICK_S)) < 0.01, (w, own)
-    assert w["start"] <= t_ready - 5.0 - SCALER_TICK_S + 0.05, w  # the sim's modelled 5 s at least
-    assert w["why"].startswith("ready by then: ") and "one tick" in w["why"], w
+    pub = published(f)
+    assert float(pub["tick_s"]) == TICK_S, pub
+    assert abs(w["start"] - (t_ready - float(pub["ready_cold_s"]) - READY_MARGIN_TICKS * TICK_S)) < 0.01, (w, pub)
+    assert w["start"] <= t_ready - 5.0 - TICK_S + 0.05, w  # the sim's modelled 5 s at least
+    assert w["why"].startswith("ready by then: ") and "launch to ready" in w["why"], w
     assert doc["floor"] == FLOOR, (doc["floor"], ready_at_s)
 
 

@@ -147,3 +147,19 @@ def test_the_status_document_plans_each_window_on_the_replicas_cold_starts() -> 
     assert "replicas' own" in w["why"]
     (m,) = prewarm_windows(tc, at(2, 7, 0), 5.0, [])  # no replica has reported one: the model
     assert m["start"] == at(2, 8, 29, 54) and "modelled" in m["why"]
+
+
+def test_the_status_document_shows_the_plan_the_scaler_published() -> None:
+    """With a scaler running, the page plans on the scaler's cold start (launch to ready, which
+    counts the process start the replicas' own figures leave out) and its tick, so the start it
+    shows is the one the scaler acts on."""
+    from fleet.store.scaler_state import ScalerState
+    from gateway.status import prewarm_windows
+
+    tc = TierConfig(prewarm=[OPEN], budget={"timezone": NY}, capacity={"startup_s": 5.0})
+    sc = ScalerState(floor=1, ceiling=4, ceiling_by="max_replicas", desired=1, action="hold", delta=0, reason="",
+                     code="", at=0.0, ts=0.0, scaler="s", startup_s=12.0, tick_s=0.5, ready_cold_s=17.5,
+                     ready_cold_measured=3, ready_cold_source="launch to ready")
+    (w,) = prewarm_windows(tc, at(2, 7, 0), 5.0, [10.0, 30.0], sc)
+    assert w["start"] == pytest.approx(at(2, 8, 30) - 17.5 - 0.5)  # not the replicas' own p95 nor a 1 s tick
+    assert "p95 of 3 start-ups measured (launch to ready), 17.5 s" in w["why"] and "0.5 s (one tick)" in w["why"]
