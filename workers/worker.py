@@ -26,8 +26,8 @@ from redis.exceptions import RedisError
 from fleet import metrics
 from fleet.config import FleetConfig
 from fleet.outcome import Outcome
-from fleet.policy import replica_concurrency, tier_capacity
 from fleet.policy.cold_start import ColdStartPhases
+from fleet.policy.tier_capacity import claim_concurrency
 from fleet.store.affinity import tier_line
 from fleet.store.events import Done, Failed
 from fleet.store.heartbeats import Heartbeat, ReplicaState, remove_heartbeat, write_heartbeat
@@ -160,9 +160,7 @@ class Worker:
         """Requests this replica runs at once: its slots, but no more than its KV cache holds at the
         tier's typical request shape. What it cannot batch stays in the line, where the gateway's
         admission and the scaler see it, instead of queueing unseen inside the engine."""
-        cap = tier_capacity(self.tc)  # the typical request shape the tier plans with
-        return replica_concurrency(self.tc.slots, self.engine.kv_capacity_tokens,
-                                   cap.typical_prompt_tokens + cap.typical_output_tokens)
+        return claim_concurrency(self.tc, self.engine.kv_capacity_tokens)  # the replay takes by the same
 
     async def _claim_loop(self) -> None:
         """Claim from the line only what the free slots allow, until the replica drains.
