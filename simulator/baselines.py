@@ -118,7 +118,10 @@ class Hpa(_Stabilised):
         ready = obs.replicas.ready
         if not ready:
             return have, "no ready replica to measure"
-        util = obs.in_flight / (ready * tc.slots)
+        # Busy slots over the slots the ready replicas report (what a pod metric would read):
+        # a replica whose KV cache holds fewer calls than its slots reports that fewer.
+        slots = sum(r.slots for r in obs.replicas.members if r.state == "ready") or ready * tc.slots
+        util = obs.in_flight / slots
         if abs(util / self.target - 1) <= self.tolerance:
             return have, f"utilisation {util:.0%} within tolerance"
         want = math.ceil(ready * util / self.target)

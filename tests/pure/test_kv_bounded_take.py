@@ -60,3 +60,19 @@ def test_a_replica_never_runs_more_calls_than_its_kv_cache_holds_at_the_typical_
     planner = [n for k, n in most.items() if k.startswith("planner")]
     assert planner and max(planner) == 8  # full, at what the engine holds: not its 12 slots
     assert res.tiers["planner"].outcomes[3].completed > 1000
+
+
+def test_the_hpa_baseline_reads_utilisation_over_the_slots_the_replicas_report() -> None:
+    """HPA's busy-slot target counts the slots a replica reports (its KV-bounded concurrency), as
+    a pod metric would: 16 calls on two replicas that each hold 8 is 100% busy, a scale-out, not
+    the 67% that a 12-slot count reads, which sits inside its tolerance and never scales."""
+    from fleet.config import TierConfig
+    from fleet.policy.observation import observe_tier
+    from fleet.policy.replicas import ObservedReplica
+    from simulator.baselines import Hpa
+
+    tc = TierConfig(slots=12)
+    members = [ObservedReplica(f"r{i}", "ready", 8, 8, 0.0) for i in range(2)]
+    obs = observe_tier("analysis", 100.0, 10.0, in_flight=16, replicas=members)
+    want, why = Hpa().recommend(obs, tc, 2)
+    assert want == 3 and "100%" in why, (want, why)
