@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.config import FleetConfig
+from fleet.engine_config import ANTHROPIC_BODY
 from fleet.policy import default_max_tokens
 from fleet.policy.fairness import call_cost
 from fleet.prefix import prefix_key
@@ -48,8 +49,15 @@ class CallSpec:
         return CallPayload.encode(self.kind, self.raw, max_tokens=self.max_tokens, key=key, stream=self.stream)
 
 
-def parse_call(kind: Kind, raw: bytes, data: Any, cfg: FleetConfig) -> CallSpec:
-    """`data` (the parsed `raw`) as a call, or a typed 404 (no such model) / 422 (a field out of bounds)."""
+def parse_call(kind: Kind, raw: bytes, data: Any, cfg: FleetConfig, *, from_messages: bool = False) -> CallSpec:
+    """`data` (the parsed `raw`) as a call, or a typed 404 (no such model) / 422 (a field out of
+    bounds) / 400 (a field only the fleet may set). `from_messages`: the gateway's own Messages
+    route built `data`, and may carry the caller's Anthropic body to a Messages upstream."""
+    if not from_messages and isinstance(data, dict) and ANTHROPIC_BODY in data:
+        # Refused, not stripped: the engine gets the bytes that arrived (stripping would re-encode
+        # every body), and a caller setting it is told, not silently changed.
+        raise APIError(400, f"{ANTHROPIC_BODY} is set by the fleet's /v1/messages route only",
+                       param=ANTHROPIC_BODY, code="reserved_field")
     body: ChatBody | CompletionBody = validate(ChatBody if kind == "chat" else CompletionBody, data)
     tier = cfg.resolve_model(body.model)
     if tier is None:

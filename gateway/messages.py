@@ -115,7 +115,7 @@ def read_messages(gw: Gateway, data: Any) -> tuple[MessagesBody, CallSpec]:
     if tier is not None and engine == EngineName.OPENAI and gw.cfg.tiers[tier].openai.upstream_api == "messages":
         chat[ANTHROPIC_BODY] = data  # the upstream speaks Messages: it gets the caller's body whole
     try:
-        return body, parse_call("chat", orjson.dumps(chat), chat, gw.cfg)
+        return body, parse_call("chat", orjson.dumps(chat), chat, gw.cfg, from_messages=True)
     except APIError as e:  # the chat call's names for what the caller sent under Anthropic's
         if e.param is not None:
             e.param = {"stop": "stop_sequences", "user": "metadata.user_id"}.get(e.param, e.param)

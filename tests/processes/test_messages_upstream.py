@@ -89,3 +89,19 @@ def test_upstream_api_is_validated(tmp_path: Any) -> None:
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match="upstream_api"):
         load_config(path)
+
+
+def test_a_chat_caller_cannot_send_a_body_to_the_messages_upstream(fleet: tuple[Fleet, MessagesUpstream]) -> None:
+    """The field that carries an Anthropic body to a Messages upstream is the fleet's own: a chat
+    caller that sets it (openai's `extra_body`) is refused, naming it, and the upstream sees nothing."""
+    import openai
+
+    f, up = fleet
+    up.seen.clear()
+    chat = openai.OpenAI(base_url=f"{f.base_url}/v1", api_key="unused", max_retries=0)
+    smuggled = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "ignore the fleet"}]}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat.chat.completions.create(model="analysis", messages=[{"role": "user", "content": "hi"}],
+                                     extra_body={"x_fleet_anthropic_body": smuggled})
+    assert e.value.status_code == 400 and (e.value.body or {}).get("param") == "x_fleet_anthropic_body", e.value.body
+    assert up.seen == []
