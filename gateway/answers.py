@@ -191,9 +191,11 @@ class _Chunks:
         """The last chunk (its finish reason) and, when the caller asked, the usage chunk."""
         self.model(ev.model)
         member = {"delta": {}} if self.chat else {"text": ""}
-        extra = ev.extra or {}
-        out = self._event({"choices": [{"index": 0, **member, "logprobs": None, "finish_reason": ev.finish_reason}],
-                           **extra})
+        extra = dict(ev.extra or {})
+        last: dict[str, Any] = {"index": 0, **member, "logprobs": None, "finish_reason": ev.finish_reason}
+        if "stop_reason" in extra:  # the stop string met: on the choice, where vLLM's own stream has it
+            last["stop_reason"] = extra.pop("stop_reason")
+        out = self._event({"choices": [last], **extra})
         if include_usage:
             out += self._event({"choices": [], "usage": _usage(ev), **extra})
         return out

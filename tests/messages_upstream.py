@@ -7,6 +7,8 @@ request it gets with its path, so a test can tell `/v1/messages` from `/v1/chat/
 - tools, and the last turn carries no tool_result: a tool_use block calling the first tool with
   TOOL_INPUT; stop_reason `tool_use`.
 - a tool_result last: text quoting it; otherwise GREETING; stop_reason `end_turn`.
+- `stop_sequences` one of which is in the text: the text cut before it; stop_reason `stop_sequence`
+  and the sequence named, as Anthropic names it.
 """
 
 from __future__ import annotations
@@ -58,11 +60,23 @@ class MessagesUpstream:
         body = orjson.loads(await request.body())
         self.seen.append(("/v1/messages", body, dict(request.headers)))
         blocks, stop = answer(body)
+        blocks, stop, seq = _cut(blocks, stop, body.get("stop_sequences") or [])
         usage = {"input_tokens": 21, "output_tokens": 7}
         if not body.get("stream"):
             return _json({"id": "msg_up1", "type": "message", "role": "assistant", "model": MODEL,
-                          "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage})
-        return StreamingResponse(_events(blocks, stop, usage), media_type="text/event-stream")
+                          "content": blocks, "stop_reason": stop, "stop_sequence": seq, "usage": usage})
+        return StreamingResponse(_events(blocks, stop, usage, seq), media_type="text/event-stream")
+
+
+def _cut(blocks: list[dict[str, Any]], stop: str, sequences: list[str]
+         ) -> tuple[list[dict[str, Any]], str, str | None]:
+    """The text cut before the first stop sequence it holds, as a model stops on one."""
+    for seq in sequences:
+        for b in blocks:
+            if b["type"] == "text" and seq in b["text"]:
+                b["text"] = b["text"][: b["text"].index(seq)]
+                return blocks, "stop_sequence", seq
+    return blocks, stop, None
 
 
 def answer(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -78,7 +92,8 @@ def answer(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     return [{"type": "text", "text": GREETING}], "end_turn"
 
 
-async def _events(blocks: list[dict[str, Any]], stop: str, usage: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _events(blocks: list[dict[str, Any]], stop: str, usage: dict[str, Any],
+                  seq: str | None = None) -> AsyncIterator[bytes]:
     def event(kind: str, data: dict[str, Any]) -> bytes:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
@@ -98,7 +113,7 @@ async def _events(blocks: list[dict[str, Any]], stop: str, usage: dict[str, Any]
                 yield event("content_block_delta", {"index": i, "delta": {"type": "input_json_delta",
                                                                           "partial_json": part}})
         yield event("content_block_stop", {"index": i})
-    yield event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
+    yield event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": seq},
                                   "usage": {"output_tokens": usage["output_tokens"]}})
     yield event("message_stop", {})
 

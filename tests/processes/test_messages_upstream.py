@@ -105,3 +105,20 @@ def test_a_chat_caller_cannot_send_a_body_to_the_messages_upstream(fleet: tuple[
                                      extra_body={"x_fleet_anthropic_body": smuggled})
     assert e.value.status_code == 400 and (e.value.body or {}).get("param") == "x_fleet_anthropic_body", e.value.body
     assert up.seen == []
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_stop_sequence_is_named_whole_and_streamed(fleet: tuple[Fleet, MessagesUpstream], streamed: bool) -> None:
+    """The upstream stopped on one of the caller's stop_sequences: the caller is told
+    `stop_sequence` and which one, streamed as well as whole (a stream used to say `end_turn`)."""
+    f, _ = fleet
+    kw: dict[str, Any] = dict(model="analysis", max_tokens=64, stop_sequences=["never", "Messages"],
+                              messages=[{"role": "user", "content": "hi"}])
+    if streamed:
+        with client(f).messages.stream(**kw) as s:
+            text = "".join(s.text_stream)
+            msg = s.get_final_message()
+        assert text.strip() == GREETING[: GREETING.index("Messages")].strip()
+    else:
+        msg = client(f).messages.create(**kw)
+    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", "Messages"), msg

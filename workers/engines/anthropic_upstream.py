@@ -85,9 +85,13 @@ class StreamMap:
             return self._delta(int(event.get("index") or 0), event.get("delta") or {})
         elif kind == "message_delta":
             self.usage.update(event.get("usage") or {})
-            stop = (event.get("delta") or {}).get("stop_reason")
+            delta = event.get("delta") or {}
+            stop = delta.get("stop_reason")
             if stop:
-                return [_chunk({}, FINISH.get(stop, "stop")), {"choices": [], "usage": _usage(self.usage)}]
+                last = _chunk({}, FINISH.get(stop, "stop"))
+                if stop == "stop_sequence" and delta.get("stop_sequence"):  # named as vLLM's stream names it
+                    last["choices"][0]["stop_reason"] = delta["stop_sequence"]
+                return [last, {"choices": [], "usage": _usage(self.usage)}]
         return []  # ping, content_block_stop, message_stop
 
     def _delta(self, index: int, delta: dict[str, Any]) -> list[dict[str, Any]]:

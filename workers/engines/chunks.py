@@ -35,6 +35,7 @@ class ChunkReader:
         self.finish: str | None = None
         self.chunks = 0  # chunks that held something: the count of tokens when no usage comes
         self.extra: dict[str, Any] | None = None
+        self.stop_string: str | None = None  # the stop string the engine met (vLLM's choice `stop_reason`)
         self._held = Delta()  # what came with or after the finish reason
 
     def counts(self) -> tuple[int, int]:
@@ -54,6 +55,8 @@ class ChunkReader:
                 self.chunks += 1
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
+                if isinstance(choice.get("stop_reason"), str):
+                    self.stop_string = choice["stop_reason"]
             if self.finish is not None:
                 self._hold(text, fields, logprobs)
             elif text or fields or logprobs:
@@ -80,8 +83,11 @@ class ChunkReader:
             raise EngineError("the engine ended the stream without a finish_reason", "upstream_error", "incomplete")
         prompt_tokens, completion_tokens = self.counts()
         held = self._held
+        # The stop string rides with the answer's extras to the gateway, which puts it back on the
+        # last chunk's choice (where vLLM has it) and names it to a Messages caller (`stop_sequence`).
+        extra = {**(self.extra or {}), "stop_reason": self.stop_string} if self.stop_string else self.extra
         return Delta(held.text, prompt_tokens, completion_tokens, self.finish, fields=held.fields,
-                     logprobs=held.logprobs, usage=self.usage, extra=self.extra)
+                     logprobs=held.logprobs, usage=self.usage, extra=extra)
 
 
 def whole(answer: dict[str, Any], chat: bool) -> Delta:
