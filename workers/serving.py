@@ -41,6 +41,7 @@ class Progress:
     logprobs: dict[str, Any] | None = None
     useful: bool = False  # completed on time, as recorded: its tokens are useful
     ended: bool | None = None  # for judging its version: ok, an error, or neither (cancelled, caller's fault)
+    key: str = ""  # the caller's API key, which its tokens are charged to
 
     def took(self, d: Delta) -> None:
         now = time.monotonic()

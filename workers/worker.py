@@ -207,13 +207,7 @@ class Worker:
                 await asyncio.sleep(min(5.0, self.cfg.heartbeat_s * 2))
                 continue
             for c in claimed:
-                if c.rid in self.active:
-                    # This replica stalled past its lease and got the request back: the
-                    # old attempt is void (its lease is gone), the new one starts clean.
-                    self._cancel(c.rid)
-                self.owners[c.rid] = c.owner
-                # Tracked now, not when its task starts: the next claim's caps count it.
-                self.active[c.rid] = asyncio.create_task(self._serve(c, self.preemptor.track(c)))
+                self._start(c)
             waiting = not claimed.more
             # Calls left waiting for the replica that caches them: back when they are anyone's.
             retry_s = claimed.retry_s or WAIT_S
@@ -222,24 +216,38 @@ class Worker:
 
     # --- serving --------------------------------------------------------------
 
-    async def _serve(self, c: Claimed, attempt: Attempt) -> None:
-        """Run one claimed request on the engine and end it with exactly one outcome (`_run`),
-        then free its slot and charge its tokens (`_release`), however it ended."""
-        progress = Progress()
-        key = ""
+    def _start(self, c: Claimed) -> None:
+        """Serve a claimed request in a task of its own, tracked now, not when its task first runs:
+        the next claim's caps count it. Its slot comes back when that task ends, by the task's done
+        callback (`_release`), not a `finally` in it: a task cancelled before its first step (the
+        gateway's cancel or the lease renewal arriving in the loop turn of the claim, as when a
+        flood's callers all hang up at once) never runs its coroutine, so a `finally` there never
+        ran, and the slot stayed taken for good: a replica that lost all its slots so claimed
+        nothing more while its line waited."""
+        if c.rid in self.active:
+            # This replica stalled past its lease and got the request back: the
+            # old attempt is void (its lease is gone), the new one starts clean.
+            self._cancel(c.rid)
+        self.owners[c.rid] = c.owner
+        attempt, progress = self.preemptor.track(c), Progress()
+        task = asyncio.create_task(self._serve(c, attempt, progress))
+        self.active[c.rid] = task
+        task.add_done_callback(lambda t: self._release(c, attempt, progress, t))
+
+    async def _serve(self, c: Claimed, attempt: Attempt, progress: Progress) -> None:
+        """Run one claimed request on the engine and end it with exactly one outcome (`_run`);
+        its slot and tokens are settled when the task ends (`_start`)."""
         try:
             call = CallPayload.decode(c.payload)
         except BadPayload as e:
             log.error("request %s: %s", c.rid, e)
             progress.ended = False
             await self._finish(c, Outcome.FAILED, Failed(502, "engine_error", str(e), "bad_payload"))
-        else:
-            key = call.key
-            req = EngineRequest(request_id=f"{c.rid}-{c.attempt}", kind=call.kind, body=call.body,
-                                max_tokens=call.max_tokens, stream=call.stream, priority=attempt_rank(c.priority))
-            await self._run(c, req, attempt, progress)
-        finally:
-            await self._release(c, attempt, progress, key)
+            return
+        progress.key = call.key
+        req = EngineRequest(request_id=f"{c.rid}-{c.attempt}", kind=call.kind, body=call.body,
+                            max_tokens=call.max_tokens, stream=call.stream, priority=attempt_rank(c.priority))
+        await self._run(c, req, attempt, progress)
 
     async def _run(self, c: Claimed, req: EngineRequest, attempt: Attempt, progress: Progress) -> None:
         """Within the time left to its deadline, run the call on the engine (`run_engine`), then
@@ -301,15 +309,15 @@ class Worker:
             self.drain()
         await self._finish(c, Outcome.FAILED, Failed(status, e.type, str(e), e.code or e.type, e.param))
 
-    async def _release(self, c: Claimed, attempt: Attempt, progress: Progress, key: str) -> None:
-        """Free the slot, and charge every token generated, useful or not (late, failed,
-        cancelled), except a preempted attempt's: it runs again, and only the attempt that ends
-        it counts. The version's outcome goes in the charge's round trip, with the other calls that
-        end within the window (`workers.charging`)."""
+    def _release(self, c: Claimed, attempt: Attempt, progress: Progress, task: asyncio.Task[None]) -> None:
+        """The attempt's task ended, however (`_start`): free the slot, and charge every token
+        generated, useful or not (late, failed, cancelled), except a preempted attempt's: it runs
+        again, and only the attempt that ends it counts. The version's outcome goes in the charge's
+        round trip, with the other calls that end within the window (`workers.charging`)."""
         self.streams.discard(c.lease)
         # An engine that answers whole counts what it made meanwhile (the others say 0).
         progress.completion_tokens = max(progress.completion_tokens, self.engine.made(f"{c.rid}-{c.attempt}"))
-        if self.active.get(c.rid) is asyncio.current_task():  # not a newer attempt's
+        if self.active.get(c.rid) is task:  # not a newer attempt's
             self.active.pop(c.rid, None)
             self.owners.pop(c.rid, None)
         self._slot_freed.set()
@@ -317,7 +325,7 @@ class Worker:
             return
         ended = progress.ended
         self.charges.add(TokenCharge(
-            key, c.priority, progress.prompt_tokens, progress.completion_tokens, progress.useful,
+            progress.key, c.priority, progress.prompt_tokens, progress.completion_tokens, progress.useful,
             None if ended is None else lambda pipe: queue_outcome(
                 pipe, self.line.keys, self.version, bool(ended), progress.t_first - progress.t0)))
 
