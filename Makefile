@@ -46,11 +46,12 @@ claude-code:
 	  { $(CLAUDE) --version >/dev/null 2>&1 || (cd $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code && node install.cjs); } && \
 	  $(CLAUDE) --version; }
 
+# The whole suite; it prints its 25 slowest tests, so each run says where its time goes.
 test: $(STAMP) $(VLLM_STAMP) chromium
 	@$(MAKE) --no-print-directory claude-code || echo "npm could not install Claude Code: test_claude_code.py skips"
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The fast loop: pure and store tests (no vLLM, no Chromium, no processes), in well under a minute.
 # The pytest plugins of LangSmith, Locust and Schemathesis (installed with the agents and the load

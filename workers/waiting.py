@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from fleet.store.line import Claims, Line
 from fleet.tasks import cancel_and_wait
@@ -38,3 +39,14 @@ async def wait_and_claim(line: Line, holding: asyncio.Event, wake: str, replica:
         if not wait.done():  # Redis frozen (or this task cancelled): give the wait up, as before
             await cancel_and_wait(wait)
     return Claims() if wait.cancelled() else wait.result()
+
+
+async def first_of(*waits: Any) -> None:
+    """Until the first of `waits` completes (a parked replica: resumed or drained); the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

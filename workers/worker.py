@@ -42,7 +42,7 @@ from workers.engines.registry import engine_name as registered_name
 from workers.preempting import Attempt, Preemptor, attempt_rank
 from workers.serving import Progress, run_engine
 from workers.streaming import LeaseLost, StreamWriter
-from workers.waiting import WAIT_S, wait_and_claim
+from workers.waiting import WAIT_S, first_of, wait_and_claim
 
 log = logging.getLogger("fleet.worker")
 
@@ -176,7 +176,7 @@ class Worker:
         retry_s = WAIT_S  # how long that wait lasts at most
         while not self._draining.is_set():
             if self.parked:
-                await _first(self._resumed.wait(), self._draining.wait())
+                await first_of(self._resumed.wait(), self._draining.wait())
                 continue
             free = self.concurrency - len(self.active)
             if free <= 0:
@@ -394,12 +394,3 @@ class Worker:
             except Exception:  # Redis blips must not kill the replica; the next beat retries
                 log.exception("heartbeat failed")
 
-
-async def _first(*waits: Any) -> None:  # until the first of `waits` completes; the others are cancelled
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Fleet, serving
+from tests.harness import Fleet, scaled_fleet, serving
+from tests.scaler_harness import SCALER_CONFIG, TIER
 
 CLOCK_CONFIG = Path(__file__).resolve().parent.parent / "fleet-clock.yaml"
 
@@ -16,4 +17,10 @@ CLOCK_CONFIG = Path(__file__).resolve().parent.parent / "fleet-clock.yaml"
 def clock_fleet(redis_url: str) -> Iterator[Fleet]:
     """The client-clock fleet (tests/fleet-clock.yaml): its `slow` tier, 10 ms a token, up and ready."""
     with serving(redis_url, ("slow",), config_path=CLOCK_CONFIG) as f:
+        yield f
+
+
+@pytest.fixture
+def sfleet(store_url: str) -> Iterator[Fleet]:
+    with scaled_fleet(store_url, SCALER_CONFIG, TIER) as f:
         yield f

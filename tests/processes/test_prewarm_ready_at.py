@@ -22,17 +22,7 @@ import httpx
 
 from fleet.policy.prewarm import READY_MARGIN_TICKS
 from tests.harness import Fleet, config_variant, wait_until
-from tests.processes.test_scaler import (  # the scaler tests' fleet and readers, reused
-    ADMIN,
-    SCALER_CONFIG,
-    TIER,
-    heartbeats,
-    published,
-    ready,
-    sfleet,  # noqa: F401 (a fixture: pytest finds it in this module's namespace)
-    start_scaler,
-    stream,
-)
+from tests.scaler_harness import ADMIN, SCALER_CONFIG, TIER, heartbeats, published, ready, start_scaler, stream
 
 TICK_S = 1.0  # the scaler's tick here: its default, the most it takes, and the status page's
 FLOOR = 3  # the window's floor: the warm floor's 1 and 2 the window starts together
@@ -48,7 +38,7 @@ def _launch_to_ready(f: Fleet) -> float:
     return float(m.group(1))
 
 
-def test_ready_at_window_has_its_floor_ready_by_its_time(sfleet: Fleet, tmp_path: Path) -> None:  # noqa: F811
+def test_ready_at_window_has_its_floor_ready_by_its_time(sfleet: Fleet, tmp_path: Path) -> None:
     f = sfleet
     t_ready = int(time.time()) + AHEAD_S
     s = datetime.fromtimestamp(t_ready, UTC)

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from tests.harness import Fleet, wait_until
-from tests.processes.test_scaler import SCALER_CONFIG, TIER, burst, published, ready, start_scaler, stream
+from tests.scaler_harness import SCALER_CONFIG, TIER, burst, published, ready, start_scaler, stream
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the ray extra: pip install '.[ray]'")
 

@@ -4,7 +4,6 @@ dead replicas replaced, a standby taking over, and the operator's pre-warm."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import re
@@ -16,72 +15,29 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from redis.asyncio import Redis
 
-from fleet.config import FleetConfig, Priority, load_config
+from fleet.config import FleetConfig, load_config
 from fleet.redis_server import free_port
 from fleet.store.keys import TierKeys, scaler_leader_key
-from fleet.store.line import Line
-from tests.harness import ROOT, Fleet, call_payload, config_variant, scaled_fleet, wait_until
-from tests.paths import TESTS
-
-SCALER_CONFIG = TESTS / "fleet-scaler.yaml"
-TIER = "routing"
-HOLD_S = 3.0  # scale_in_hold_s in fleet-scaler.yaml
-
-
-@pytest.fixture
-def sfleet(store_url: str) -> Iterator[Fleet]:
-    with scaled_fleet(store_url, SCALER_CONFIG, TIER) as f:
-        yield f
-
-
-def start_scaler(f: Fleet, *extra: str) -> subprocess.Popen[bytes]:
-    return f.spawn("scaler", "--tick", "0.25", "--lease", "2", "--metrics-port", "0", "--stop-replicas-on-exit",
-                   *extra)
-
-
-def published(f: Fleet) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in f.r.hgetall(f.keys(TIER).scaler).items()}
-
-
-def stream(f: Fleet, since: float = 0.0) -> list[dict[str, str]]:
-    out = []
-    for _, fields in f.r.xrange(f.keys(TIER).decisions):
-        e = {k.decode(): v.decode() for k, v in fields.items()}
-        if float(e["at"]) >= since:
-            out.append(e)
-    return out
-
-
-def heartbeats(f: Fleet) -> dict[str, dict[str, Any]]:
-    now = time.time()
-    beats = {k.decode(): orjson.loads(v) for k, v in f.r.hgetall(f.keys(TIER).replicas).items()}
-    # Lenient about a late beat (a loaded machine); the dead are removed by their worker or the supervisor.
-    return {k: b for k, b in beats.items() if now - b["ts"] < 5.0}
-
-
-def ready(f: Fleet) -> set[str]:
-    return {k for k, b in heartbeats(f).items() if b["state"] == "ready"}
-
-
-def burst(f: Fleet, n: int, max_tokens: int = 10) -> None:
-    async def go() -> None:
-        r = Redis.from_url(f.redis_url)
-        line = Line(r, f.namespace, TIER, rate_window_s=4.0)
-        payload = call_payload(max_tokens=max_tokens)
-        await asyncio.gather(*(line.enqueue(uuid.uuid4().hex, Priority.interactive, payload, 60_000)
-                               for _ in range(n)))
-        await r.aclose()
-
-    asyncio.run(go())
+from tests.harness import ROOT, Fleet, config_variant, wait_until
+from tests.scaler_harness import (
+    ADMIN,
+    HOLD_S,
+    SCALER_CONFIG,
+    TIER,
+    burst,
+    heartbeats,
+    published,
+    ready,
+    start_scaler,
+    stream,
+)
 
 
 def test_burst_scales_out_counting_starting_drains_and_steps_down_when_idle(sfleet: Fleet) -> None:
@@ -263,7 +219,6 @@ def api(redis_url: str) -> Iterator[tuple[TestClient, FleetConfig, str]]:
         yield client, cfg, redis_url
 
 
-ADMIN = {"authorization": "Bearer sk-admin"}
 
 
 def test_prewarm_api_is_for_admins_and_checks_its_input(api: tuple[TestClient, FleetConfig, str]) -> None:
