@@ -38,6 +38,7 @@ from simulator.report import checks, committed_missed, compare_rows, flaps, summ
 from simulator.run import POLICIES, simulate
 from simulator.scenario import load_scenario, parse_scenario
 from tests.paths import ROOT
+from tests.simulation.replays import replay, scenario
 
 SCENARIOS = ROOT / "configs" / "scenarios"
 LONG_CONTEXT = SCENARIOS / "azure-long-context.yaml"
@@ -137,9 +138,8 @@ def test_arrivals_order_replicas_only_while_the_tier_falls_behind_them() -> None
 
 @pytest.fixture(scope="module")
 def long_context() -> dict[str, Any]:
-    sc = load_scenario(LONG_CONTEXT)
-    trace = build_trace(sc, sc.spec.seed)
-    results = {name: simulate(sc, name, sc.spec.seed, trace) for name in POLICIES}
+    sc, trace = scenario(LONG_CONTEXT)
+    results = {name: replay(LONG_CONTEXT, name) for name in POLICIES}
     floors = hours(clairvoyant_bound(sc, trace, max_class=3, keep_floor=True))
     served = {name: hours(served_bound(sc, trace, r)) for name, r in results.items()}
     rows = compare_rows([with_bounds(summarize(r, timeline=False), served[name], floors)
@@ -238,10 +238,10 @@ LONG_REPLAYS = {"market-open", "budget-runs-out", "agent-swarm-fair", "steady-ev
 
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_no_policy_beats_its_served_bound_on_any_scenario(path: Path) -> None:
-    sc = load_scenario(path)
-    trace = build_trace(sc, sc.spec.seed)
+    sc, trace = scenario(path)
     for name in (("fleet",) if path.stem in LONG_REPLAYS else POLICIES):
-        r = simulate(sc, name, sc.spec.seed, trace)
+        # The replays other tests read too come from the session's (tests/simulation/replays.py).
+        r = replay(path, name) if name == "fleet" or path == LONG_CONTEXT else simulate(sc, name, sc.spec.seed, trace)
         bound = served_bound(sc, trace, r)
         for tier, t in r.tiers.items():
             assert t.replica_seconds >= bound[tier].replica_seconds - 1e-6, (name, tier)

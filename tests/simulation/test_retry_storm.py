@@ -24,6 +24,7 @@ from simulator.results import SimResult
 from simulator.run import simulate
 from simulator.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 from tests.paths import ROOT
+from tests.simulation.replays import replay
 
 RETRY_STORM = ROOT / "configs" / "scenarios" / "retry-storm.yaml"
 # The storm's two replays take about a minute each on a quiet box (more on a busy one).
@@ -131,8 +132,7 @@ def test_a_bad_client_names_its_field() -> None:
 
 @pytest.fixture(scope="module")
 def storm() -> dict[str, SimResult]:
-    sc = load_scenario(RETRY_STORM)
-    return {p: simulate(sc, p) for p in ("fleet", "fleet-noclock")}
+    return {p: replay(RETRY_STORM, p) for p in ("fleet", "fleet-noclock")}
 
 
 def test_the_storm_is_about_three_times_what_the_ceilings_serve() -> None:

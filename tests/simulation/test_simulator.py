@@ -22,15 +22,16 @@ from simulator.policies import Action, SimPolicy
 from simulator.report import checks, replicas_at, summarize
 from simulator.results import SimResult
 from simulator.run import POLICIES, simulate
-from simulator.scenario import ScenarioError, load_scenario, parse_scenario
+from simulator.scenario import ScenarioError, parse_scenario
 from tests.paths import ROOT
+from tests.simulation.replays import replay
 
 MARKET_OPEN = ROOT / "configs" / "scenarios" / "market-open.yaml"
 
 
 @pytest.fixture(scope="module")
 def market_open() -> SimResult:
-    return simulate(load_scenario(MARKET_OPEN), "fleet")
+    return replay(MARKET_OPEN, "fleet")
 
 
 def _raw() -> dict[str, Any]:
