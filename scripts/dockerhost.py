@@ -12,8 +12,10 @@ cached between runs on one machine; only one private daemon runs per machine, an
 checkout uses the one already answering (its socket is recorded in the data root).
 
 No registry is needed: the base image is made from Debian's packages with debootstrap and
-`docker import`, tagged with a hash of what goes into it, so a second run reuses it. It is made in
-FLEET_DOCKER_ROOT/tmp whichever daemon answers (the folder is created when missing), as root.
+`docker import`, tagged with a hash of what goes into it, so a second run reuses it. Its root
+filesystem is made in FLEET_DOCKER_ROOT/tmp whichever daemon answers (the folder is created when
+missing), as root, and kept as a tar (FLEET_BASE_CACHE, default /var/cache/fleet-base): another
+daemon on the machine imports that in seconds instead of running debootstrap again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ MIRROR = os.environ.get("FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ["python3", "python3-venv", "ca-certificates", "redis-server", "redis-tools", "libnuma1"]
 BASE_REPO = "fleet-base"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# The base image's root filesystem as made once on this machine (a tar named by its content key):
+# another daemon here (the user's own beside the private one, or a fresh data root) imports it in
+# seconds instead of running debootstrap again. Outside FLEET_DOCKER_ROOT, which such a daemon lacks.
+BASE_CACHE = Path(os.environ.get("FLEET_BASE_CACHE", "/var/cache/fleet-base"))
 START_TIMEOUT_S = 60.0
 
 
@@ -165,15 +171,37 @@ def scratch_dir() -> Path:
 
 
 def base_image(host: str) -> str:
-    """`fleet-base:<key>` (also tagged fleet-base:latest), made with debootstrap when missing."""
+    """`fleet-base:<key>` (also tagged fleet-base:latest) in the daemon at `host`: imported from the
+    machine's kept root filesystem, which debootstrap makes when there is none."""
     tag = f"{BASE_REPO}:{base_key()}"
     if docker(host, "image", "inspect", tag, check=False, capture_output=True).returncode == 0:
         docker(host, "tag", tag, f"{BASE_REPO}:latest")
         log(f"base image {tag} cached")
         return tag
     t0 = time.monotonic()
+    kept = BASE_CACHE / f"{base_key()}.tar"
+    made = not kept.exists()
+    if made:
+        make_rootfs(kept)
+    with open(kept, "rb") as tar:
+        docker(host, "import", "--change", "ENV LANG=C.UTF-8", "-", tag, stdin=tar, stdout=subprocess.DEVNULL)
+    docker(host, "tag", tag, f"{BASE_REPO}:latest")
+    # Base images of older recipes: a vfs daemon keeps each whole, so they go (images built on them
+    # stay usable until rebuilt).
+    old = docker(host, "images", BASE_REPO, "--format", "{{.Repository}}:{{.Tag}}", capture_output=True, text=True)
+    for name in old.stdout.split():
+        if name not in (tag, f"{BASE_REPO}:latest"):
+            docker(host, "rmi", name, check=False, capture_output=True)
+    how = "made with debootstrap" if made else f"imported from {kept}"
+    log(f"base image {tag} {how} in {time.monotonic() - t0:.0f} s")
+    return tag
+
+
+def make_rootfs(kept: Path) -> None:
+    """The base image's root filesystem, made with debootstrap into `kept` (a tar)."""
     scratch = scratch_dir()
     ensure_installed()
+    kept.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         rootfs = Path(tmp) / "rootfs"
         log(f"debootstrap {SUITE} with {', '.join(PACKAGES)} (about a minute)")
@@ -187,18 +215,10 @@ def base_image(host: str) -> str:
         for d in ("var/lib/apt/lists", "var/cache/apt/archives"):
             shutil.rmtree(rootfs / d, ignore_errors=True)
             (rootfs / d).mkdir(parents=True, exist_ok=True)
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        docker(host, "import", "--change", "ENV LANG=C.UTF-8", "-", tag, stdin=tar.stdout, stdout=subprocess.DEVNULL)
-        tar.wait()
-    docker(host, "tag", tag, f"{BASE_REPO}:latest")
-    # Base images of older recipes: a vfs daemon keeps each whole, so they go (images built on them
-    # stay usable until rebuilt).
-    old = docker(host, "images", BASE_REPO, "--format", "{{.Repository}}:{{.Tag}}", capture_output=True, text=True)
-    for name in old.stdout.split():
-        if name not in (tag, f"{BASE_REPO}:latest"):
-            docker(host, "rmi", name, check=False, capture_output=True)
-    log(f"base image {tag} made in {time.monotonic() - t0:.0f} s")
-    return tag
+        # Written beside its final name, then renamed: a run killed midway leaves no half a tar.
+        part = kept.with_suffix(".part")
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(part), "."], check=True)
+        part.rename(kept)
 
 
 def build(host: str, dockerfile: str, tag: str, base: str, *extra: str) -> None:

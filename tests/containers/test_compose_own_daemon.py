@@ -6,9 +6,12 @@ would be; scripts/dockerhost.py only finds it. FLEET_DOCKER_ROOT points at a fol
 exist, as on a fresh machine where the private daemon never ran.
 
 Its data root is kept between runs (FLEET_OWN_DOCKER_ROOT, default /var/lib/fleet-own-docker), as
-the private daemon's is: a cold build of the images on vfs costs about five minutes here, so only
-a machine's first run makes the base image in this daemon (the path that once failed with
-FileNotFoundError); later runs rebuild only what changed. The test stops the daemon by its pid.
+the private daemon's is: a cold build of the images on vfs costs minutes here, so only a machine's
+first run makes the base image in this daemon; later runs rebuild only what changed. That first
+run imports the base image's root filesystem the private daemon's tests kept (FLEET_BASE_CACHE)
+rather than running debootstrap again; debootstrap's scratch folder in a data root that does not
+exist yet (the path that once failed with FileNotFoundError) is tests/pure/test_dockerhost.py's.
+The test stops the daemon by its pid.
 """
 
 from __future__ import annotations
