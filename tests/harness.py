@@ -46,6 +46,19 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what="condit
 
 
 
+async def until(pred, what: str, within_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    """`wait_until` for a test's event loop: poll `pred` (plain or a coroutine function) until true."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        v = pred()
+        if asyncio.iscoroutine(v):
+            v = await v
+        if v:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {within_s}s waiting for {what}")
+
+
 async def blocked_in(r: Any, name: str, cmd: str, limit_s: float = 10.0) -> None:
     """Until Redis says a connection whose client name starts with `name` is blocked in `cmd`
     (CLIENT LIST flag `b`): only then is something done "while it waits" done while it waits."""

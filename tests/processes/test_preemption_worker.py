@@ -19,7 +19,7 @@ from fleet.config import FleetConfig, Preemption, Priority, load_config
 from fleet.store.events import Done, Event
 from fleet.store.ledger import Ledger
 from fleet.store.line import Line
-from tests.harness import TEST_CONFIG, Fleet, call_payload, wait_until
+from tests.harness import TEST_CONFIG, Fleet, call_payload, until, wait_until
 from workers.engines.sim import SimEngine
 from workers.worker import Worker
 
@@ -54,15 +54,7 @@ async def _replicas(cfg: FleetConfig, redis: Redis, n: int) -> AsyncIterator[lis
 
 
 async def _until(pred, what: str, within_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        v = pred()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {within_s}s waiting for {what}")
+    await until(pred, what, within_s)
 
 
 async def _put(line: Line, prio: Priority, max_tokens: int, n: int = 1) -> list[str]:

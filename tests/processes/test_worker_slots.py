@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from fleet.config import Priority, load_config
 from fleet.store.line import Claimed
-from tests.harness import TEST_CONFIG, call_payload
+from tests.harness import TEST_CONFIG, call_payload, until
 from workers.engines.sim import SimEngine
 from workers.worker import Worker
 
@@ -32,24 +32,12 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     await r.aclose()
 
 
-async def _until(pred, what: str, within_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        v = pred()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {within_s}s waiting for {what}")
-
-
 async def test_calls_cancelled_in_their_claims_loop_turn_give_their_slots_back(redis: Redis) -> None:
     cfg = load_config(TEST_CONFIG, namespace=f"t{uuid.uuid4().hex[:8]}")
     w = Worker(cfg, TIER, SimEngine(cfg.tiers[TIER].sim), redis, replica_id="r0")
     run = asyncio.create_task(w.run())
     try:
-        await _until(lambda: w.state == "ready", "the replica ready")
+        await until(lambda: w.state == "ready", "the replica ready")
         start = w._start
         cancelled: list[str] = []
 
@@ -61,14 +49,14 @@ async def test_calls_cancelled_in_their_claims_loop_turn_give_their_slots_back(r
 
         w._start = start_then_cancel  # type: ignore[method-assign]
         first = [await _put(w, 8) for _ in range(w.concurrency)]
-        await _until(lambda: len(cancelled) == w.concurrency, "a claim of each slot, cancelled at once")
+        await until(lambda: len(cancelled) == w.concurrency, "a claim of each slot, cancelled at once")
         w._start = start  # type: ignore[method-assign]
         # Every slot is free again, so the replica claims on: the next calls, and those the cancelled
         # attempts held (back in the line when their leases lapse, as after a replica's stall), all end.
         assert await _until_free(w), f"slots still taken after their calls were cancelled: {list(w.active)}"
         later = [await _put(w, 8) for _ in range(w.concurrency)]
         for rid in later + first:
-            await _until(lambda r=rid: _outcome(redis, w, r), f"{rid} completed", 30)
+            await until(lambda r=rid: _outcome(redis, w, r), f"{rid} completed", 30)
             assert await _outcome(redis, w, rid) == "completed"
     finally:
         w.drain()
