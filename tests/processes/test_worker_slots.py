@@ -9,7 +9,6 @@ out its timeout in a line that a ready replica never read."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -53,7 +52,7 @@ async def test_calls_cancelled_in_their_claims_loop_turn_give_their_slots_back(r
         w._start = start  # type: ignore[method-assign]
         # Every slot is free again, so the replica claims on: the next calls, and those the cancelled
         # attempts held (back in the line when their leases lapse, as after a replica's stall), all end.
-        assert await _until_free(w), f"slots still taken after their calls were cancelled: {list(w.active)}"
+        await until(lambda: not w.active, "every slot free again after its call was cancelled", 10)
         later = [await _put(w, 8) for _ in range(w.concurrency)]
         for rid in later + first:
             await until(lambda r=rid: _outcome(redis, w, r), f"{rid} completed", 30)
@@ -61,15 +60,6 @@ async def test_calls_cancelled_in_their_claims_loop_turn_give_their_slots_back(r
     finally:
         w.drain()
         await asyncio.wait_for(run, 30)
-
-
-async def _until_free(w: Worker, within_s: float = 10.0) -> bool:
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        if not w.active:
-            return True
-        await asyncio.sleep(0.02)
-    return False
 
 
 async def _put(w: Worker, max_tokens: int) -> str:
