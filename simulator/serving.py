@@ -23,7 +23,6 @@ finish is scheduled when the batch changes, and superseded by the next change.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from typing import Protocol
 
 from fleet.policy import ObservedReplica, RunningRequest, WaitingRequest, choose_victim, scale_in_victims
@@ -32,10 +31,7 @@ from simulator.events import ABORT, CLIENT, DECODED, EXPIRE, PREFILLED, READY, E
 from simulator.gpus import SimGpus
 from simulator.line import FlowShares
 from simulator.state import FINISHED, QUEUED, RUNNING, Req, SimReplica, TierSim
-from simulator.taking import hold_rules, prefix_of, remember, take_for
-
-# The least busy replica first (a C-level key: dispatch sorts at every take).
-_busy = attrgetter("running")
+from simulator.taking import free_replicas, hold_rules, prefix_of, ranks_of, remember, take_for, victim_candidates
 
 
 class CallEnds(Protocol):
@@ -144,11 +140,11 @@ class Serving:
         when the first of them is due."""
         if not tier.waiting or not tier.n_ready:
             return
-        slots, t, hold, calls_on = tier.concurrency, self.events.t, hold_rules(tier), self.calls_on
+        slots, t, hold = tier.concurrency, self.events.t, hold_rules(tier)
         while tier.waiting:
             took, held, retry = False, False, 0.0
-            for r in sorted((r for r in tier.ready_list if r.running < slots), key=_busy):
-                take, req = take_for(tier, r, tuple([c.call.cls for c in calls_on.get(r.id, ())]), hold, t)
+            for r in free_replicas(tier, slots):
+                take, req = take_for(tier, r, ranks_of(r, self.calls_on), hold, t)
                 if take.retry_ms > 0 and (retry == 0 or take.retry_ms < retry):
                     retry = take.retry_ms
                 if req is None:
@@ -201,6 +197,7 @@ class Serving:
         r.model.reserve(req.kv)
         tier.in_flight += 1
         self.calls_on.setdefault(r.id, {})[req] = None
+        r.ranks = None
         if req.preempted < tier.tc.preemption.max_preemptions:
             tier.preemptible[req.call.cls] += 1
         # Its prefill computes what the replica has not cached of its prompt (`fleet.replica_model.PrefixCache`).
@@ -330,13 +327,9 @@ class Serving:
             return False  # nothing of a lower class runs that may still be preempted: no victim
         pre = tier.tc.preemption
         most = pre.max_preemptions
-        # Only the candidates (a lower class, preemptions left; the sim's calls have sent nothing
-        # to a caller): `choose_victim` drops the rest, and its pick among these, in the same
-        # order, is the same. In arrival order, named by it: a tie goes to the same call in
-        # every replay (not by address).
-        calls = {str(c.lseq): c for r in tier.ready_list
-                 for c in sorted((c for c in self.calls_on.get(r.id, ()) if c.call.cls > cls and c.preempted < most),
-                                 key=lambda c: c.lseq)}
+        calls = victim_candidates(tier, self.calls_on, cls, most)
+        if not calls:
+            return False  # `choose_victim` would find none
         t = self.events.t
         running = [RunningRequest(k, c.call.cls, int(c.replica.model.tokens_of(c.seq)) if c.seq and c.replica else 0,
                                   False, c.preempted, c.start) for k, c in calls.items()]
@@ -391,6 +384,7 @@ class Serving:
         if req.chain is not None:
             req.chain.engine_s += held
         self.calls_on.get(r.id, {}).pop(req, None)
+        r.ranks = None
         r.running -= 1
         r.model.free(req.kv)
         tier.in_flight -= 1

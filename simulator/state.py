@@ -24,7 +24,7 @@ from fleet.policy import (
     calibrated_capacity,
     observe_tier,
 )
-from fleet.policy.claim import HoldRules
+from fleet.policy.claim import HoldRules, ReplicaView
 from fleet.policy.fairness import call_cost, fair_line
 from fleet.policy.tier_capacity import claim_concurrency
 from fleet.replica_model import ReplicaModel, Sequence, cold_start_s, step_s
@@ -53,7 +53,8 @@ class ChainRun:
 class SimReplica:
     """One replica: its lifecycle and its `ReplicaModel` (KV cache and decode batch)."""
 
-    __slots__ = ("claimed", "id", "last_t", "model", "ready_at", "running", "started", "state", "stopped", "version")
+    __slots__ = ("claimed", "id", "last_t", "model", "ranks", "ready_at", "running", "started", "state", "stopped",
+                 "version")
 
     def __init__(self, rid: str, model: ReplicaModel, started: float, ready_at: float, ready: bool = False) -> None:
         self.id = rid
@@ -66,6 +67,9 @@ class SimReplica:
         self.version = 0  # bumped at every batch change: a scheduled finish from before is stale
         self.stopped: float | None = None
         self.claimed = started  # when it last ran a claim (`simulator.taking`: a holder is live)
+        # The classes of the calls it runs, in the order they started, as the claim rule reads them;
+        # None: changed since last made (`Serving.ranks_of`). Made once per change, not per take.
+        self.ranks: tuple[int, ...] | None = ()
 
 
 class Req:
@@ -161,6 +165,8 @@ class TierSim:
         self.hold_rules: HoldRules | None = None  # ...as the claim rule takes them (`simulator.taking.hold_rules`)
         # prefix -> the replica that last took a call of it, and when (the live claim's `aff` records)
         self.holders: dict[object, tuple[SimReplica, float]] = {}
+        # classes running on a replica -> the claim rule's view of it and its caps (`simulator.taking`)
+        self.views: dict[tuple[int, ...], tuple[ReplicaView, tuple[int, ...] | None]] = {}
         self.hold_wake = math.inf  # when a dispatch is due for calls left for their holders (inf: none)
         # rank -> slots per replica kept for it and the classes above (`fleet.policy.claim_caps`)
         self.reserved = {int(Priority[c]): n for c, n in tc.preemption.reserved_slots.items()}

@@ -12,12 +12,53 @@ that last claimed a call of it, while that replica is live: it has a free slot o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from fleet.policy.claim import Holder, HoldRules, ReplicaView, Take, Waiting, caps_of, choose_take
 from fleet.store.affinity import LIVE_MS
 from simulator.state import QUEUED, Req, SimReplica, TierSim
 
 LIVE_S = LIVE_MS / 1000
+
+# The least busy replica first (a C-level key: dispatch sorts at every take).
+_busy = attrgetter("running")
+
+
+def free_replicas(tier: TierSim, slots: int) -> list[SimReplica]:
+    """The ready replicas with a free slot, least busy first (a stable sort: ties keep the ready
+    list's order)."""
+    free = [r for r in tier.ready_list if r.running < slots]
+    if len(free) > 1:
+        free.sort(key=_busy)
+    return free
+
+
+def ranks_of(r: SimReplica, calls_on: dict[str, dict[Req, None]]) -> tuple[int, ...]:
+    """The classes of the calls `r` runs, in the order they started (`calls_on`: replica id -> its
+    calls); kept on the replica until they change (`SimReplica.ranks` None), not made per take."""
+    ranks = r.ranks
+    if ranks is None:
+        ranks = r.ranks = tuple([c.call.cls for c in calls_on.get(r.id, ())])
+    return ranks
+
+
+def victim_candidates(tier: TierSim, calls_on: dict[str, dict[Req, None]], cls: int, most: int) -> dict[str, Req]:
+    """The calls preemption may take a slot from for a waiting call of class `cls`, named as
+    `choose_victim` reads them, in the order it reads them.
+
+    Only the candidates (a lower class, fewer than `most` preemptions; the sim's calls have sent
+    nothing to a caller): `choose_victim` drops the rest, and its pick among these, in the same
+    order, is the same. In arrival order on each ready replica, named by it: a tie goes to the
+    same call in every replay (not by address). And of those only the lowest class (the highest
+    rank): `choose_victim` takes the lowest class first, so its pick is among these anyway.
+    """
+    cands = [c for r in tier.ready_list
+             for c in sorted((c for c in calls_on.get(r.id, ()) if c.call.cls > cls and c.preempted < most),
+                             key=lambda c: c.lseq)]
+    if not cands:
+        return {}
+    low = max(c.call.cls for c in cands)
+    return {str(c.lseq): c for c in cands if c.call.cls == low}
 
 
 def prefix_of(req: Req) -> object | None:
@@ -60,13 +101,12 @@ def take_for(
     """What a free slot of `r` takes now (`fleet.policy.choose_take`), and that call. `ranks`: the
     classes of the calls `r` runs."""
     r.claimed = t
-    best = next((c for c, n in enumerate(tier.by_class) if n), None)
+    by_class = tier.by_class
+    best = next((c for c, n in enumerate(by_class) if n), None)
     if best is None:
         return Take(None, "empty"), None
     q = tier.line[best]
-    reqs: list[Req] = []
-    for i in range(min(len(q), hold.window if hold else 1)):
-        reqs.append(q[i])
+    reqs: list[Req] = [q[i] for i in range(min(len(q), hold.window if hold else 1))]
     views = [
         Waiting(
             str(req.lseq),
@@ -80,18 +120,30 @@ def take_for(
         for req in reqs
     ]
     # Only the best class is read by the rule: the classes below it stay empty.
-    heads: list[Sequence[Waiting]] = [()] * len(tier.by_class)
+    heads: list[Sequence[Waiting]] = [()] * len(by_class)
     heads[best] = views
-    # The slots a replica claims with are those its engine holds at once (`TierSim.concurrency`), as
-    # the live worker claims: a 12-slot replica whose KV cache holds 8 typical calls claims 8.
-    view = ReplicaView(tier.concurrency, ranks, tier.reserved)
-    take = choose_take(heads, view, hold, caps_of(view) if tier.reserved else None)
+    view, caps = _replica_view(tier, ranks)
+    take = choose_take(heads, view, hold, caps)
     if take.call is None:
         return take, None
     for i, v in enumerate(views):
         if v is take.call:
             return take, reqs[i]
     raise AssertionError("the rule took a call it was not shown")
+
+
+def _replica_view(tier: TierSim, ranks: tuple[int, ...]) -> tuple[ReplicaView, tuple[int, ...] | None]:
+    """The claiming replica as the rule sees it, and its class caps: the same for the same classes
+    running, so made once per tier and `ranks` (both are immutable) rather than at every take."""
+    got = tier.views.get(ranks)
+    if got is None:
+        # The slots a replica claims with are those its engine holds at once (`TierSim.concurrency`), as
+        # the live worker claims: a 12-slot replica whose KV cache holds 8 typical calls claims 8.
+        view = ReplicaView(tier.concurrency, ranks, tier.reserved)
+        if len(tier.views) >= 4096:
+            tier.views.clear()  # bounded: the mixes of classes a replica runs are few in practice
+        got = tier.views[ranks] = (view, caps_of(view) if tier.reserved else None)
+    return got
 
 
 def remember(tier: TierSim, req: Req, r: SimReplica, t: float) -> None:
