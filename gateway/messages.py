@@ -5,7 +5,9 @@ completion routes read theirs (`gateway.completions.read_call`) and served by th
 `gateway.call.Call`: the same line, admission, classes, deadlines, chains, budgets, fair line,
 prefix affinity and retries joined. Only its answer is written differently: whole
 (`message_object`), or streamed as Anthropic's events (`gateway.messages_stream`, a render of
-the chat stream loop in `gateway.answers`). Every error these routes answer is in Anthropic's
+the chat stream loop in `gateway.answers`). An engine that speaks Messages itself gets the caller's
+body whole beside the chat call (`speaks_messages`): `vllm` answers it with vLLM's own Anthropic
+layer, an `openai` upstream on its `/v1/messages`. Every error these routes answer is in Anthropic's
 shape (`messages_map.error_body`): 429 `rate_limit_error` with the fleet's retry headers, 529
 `overloaded_error` for an unavailable fleet, 400 `invalid_request_error` naming the field.
 
@@ -24,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
+from fleet.config import TierConfig
 from fleet.engine_config import ANTHROPIC_BODY, EngineName
 from fleet.prompt_size import estimate_prompt_tokens
 from fleet.store.events import Chunk, Done
@@ -112,14 +115,22 @@ def read_messages(gw: Gateway, data: Any) -> tuple[MessagesBody, CallSpec]:
     limit = gw.cfg.tiers[tier].max_tokens_limit if tier is not None else body.max_tokens
     engine = gw.cfg.tiers[tier].engine if tier is not None else "sim"
     chat = chat_body(body, engine, min(body.max_tokens, limit))
-    if tier is not None and engine == EngineName.OPENAI and gw.cfg.tiers[tier].openai.upstream_api == "messages":
-        chat[ANTHROPIC_BODY] = data  # the upstream speaks Messages: it gets the caller's body whole
+    if tier is not None and speaks_messages(gw.cfg.tiers[tier]):
+        chat[ANTHROPIC_BODY] = data  # the engine speaks Messages: it gets the caller's body whole
     try:
         return body, parse_call("chat", orjson.dumps(chat), chat, gw.cfg, from_messages=True)
     except APIError as e:  # the chat call's names for what the caller sent under Anthropic's
         if e.param is not None:
             e.param = {"stop": "stop_sequences", "user": "metadata.user_id"}.get(e.param, e.param)
         raise
+
+
+def speaks_messages(tier: TierConfig) -> bool:
+    """Whether the tier's engine answers Messages itself: `vllm` by vLLM's own Anthropic layer
+    (`workers.engines.vllm_messages`), `openai` when its upstream speaks `/v1/messages`."""
+    if tier.engine == EngineName.VLLM:
+        return True
+    return tier.engine == EngineName.OPENAI and tier.openai.upstream_api == "messages"
 
 
 async def whole(call: Call, first: Done | Chunk, body: MessagesBody, msg_id: str) -> Response:

@@ -298,8 +298,14 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def stop_of(done: Done, stop_sequences: list[str] | None) -> tuple[str, str | None]:
-    """The stop_reason and stop_sequence of a chat finish (vLLM names the stop string it met)."""
+def stop_of(done: Done, stop_sequences: list[str] | None, tool_used: bool = False) -> tuple[str, str | None]:
+    """The stop_reason and stop_sequence of a chat finish (vLLM names the stop string it met).
+
+    Anthropic says `tool_use` whenever the answer called a tool; chat says `stop` for a call the caller
+    named (`tool_choice` of one tool), so an answer with a tool_use block that stopped is `tool_use`, as
+    vLLM's own Anthropic layer has it. A cut-off answer is still `max_tokens`: its call may be partial."""
+    if tool_used and done.finish_reason in ("stop", "tool_calls"):
+        return "tool_use", None
     matched = (done.choice or {}).get("stop_reason") or (done.extra or {}).get("stop_reason")
     if done.finish_reason == "stop" and isinstance(matched, str) and matched in (stop_sequences or ()):
         return "stop_sequence", matched
@@ -316,7 +322,8 @@ def usage_of(done: Done) -> dict[str, Any]:
 def message_object(msg_id: str, model: str, content: list[dict[str, Any]], done: Done | None,
                    stop_sequences: list[str] | None = None, input_tokens: int = 0) -> dict[str, Any]:
     """The message: whole (with its `done`), or as message_start shows it (no stop yet)."""
-    stop, seq = stop_of(done, stop_sequences) if done is not None else (None, None)
+    tool_used = any(block.get("type") == "tool_use" for block in content)
+    stop, seq = stop_of(done, stop_sequences, tool_used) if done is not None else (None, None)
     usage = usage_of(done) if done is not None else {
         "input_tokens": input_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
         "output_tokens": 0}

@@ -36,6 +36,7 @@ class MessagesRender:
         self.started = False
         self.blocks = 0  # blocks opened so far: the next one's index
         self.open: str | None = None  # the kind of the block being streamed ("tool_use:<i>" for a call)
+        self.tool_used = False  # a tool_use block was sent: the stop_reason is tool_use (`stop_of`)
 
     def chunk(self, c: Chunk) -> bytes:
         out = self._start(c.model)
@@ -54,7 +55,7 @@ class MessagesRender:
 
     async def done(self, ev: Done) -> bytes:
         out = self._start(ev.model) + self._close()
-        stop, seq = stop_of(ev, self.stop_sequences)
+        stop, seq = stop_of(ev, self.stop_sequences, self.tool_used)
         out += self._event("message_delta", delta={"stop_reason": stop, "stop_sequence": seq}, usage=usage_of(ev))
         return out + self._event("message_stop")
 
@@ -87,6 +88,7 @@ class MessagesRender:
         fn = frag.get("function") if isinstance(frag.get("function"), dict) else {}
         kind, out = f"tool_use:{index}", b""
         if self.open != kind:
+            self.tool_used = True
             out = self._open(kind, {"type": "tool_use", "id": frag.get("id") or new_id("toolu"),
                                     "name": str(fn.get("name") or ""), "input": {}})
         args = fn.get("arguments")

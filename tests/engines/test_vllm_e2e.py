@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import jsonschema
 import openai
@@ -67,6 +68,18 @@ AGENT_CALLS = {
     "json_schema": {"messages": ASK, "response_format": VERDICT},
 }
 FLEET_ANSWERS: dict[tuple[str, bool], dict] = {}  # what the fleet answered, for the `vllm serve` test to compare
+# Messages calls, which vLLM's own Anthropic layer answers in the worker as `vllm serve` does at /v1/messages:
+# plain text (system as blocks, an inline system message as Claude Code sends), and a named tool choice.
+WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.",
+                "input_schema": WEATHER["function"]["parameters"]}
+MESSAGES_CALLS = {
+    "plain": {"system": [{"type": "text", "text": "You are a terse assistant."}], "max_tokens": 24,
+              "messages": [{"role": "user", "content": [{"type": "text", "text": "Count from one to five, please."}]},
+                           {"role": "system", "content": "Answer in English."}]},
+    "named": {"messages": ASK, "tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "get_weather"},
+              "max_tokens": 64},
+}
+FLEET_MESSAGES: dict[tuple[str, bool], dict] = {}
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -267,6 +280,29 @@ def agent_answer(base_url: str, body: dict, stream: bool) -> dict:
             "usage": (usage["prompt_tokens"], usage["completion_tokens"])}
 
 
+def messages_answer(base_url: str, model: str, body: dict, stream: bool) -> dict:
+    """A Messages call through the `anthropic` SDK as comparable fields: the content blocks (tool_use ids
+    aside: vLLM makes them at random), stop_reason and stop_sequence, the usage; streamed, the event types
+    in order and the message the SDK built from them. Pings aside (the fleet sends them while a call waits),
+    and a run of deltas counted as one: the worker relays tokens in batches, so the fleet sends fewer."""
+    c = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=120)
+    kw = {"model": model, **body, "extra_body": {"temperature": 0.0}}  # this SDK (2.x) has no temperature argument
+    events: list[str] = []
+    if stream:
+        with c.messages.stream(**kw) as s:
+            for e in s:
+                if e.type != "ping" and not e.type.startswith(("text", "input_json")) and events[-1:] != [e.type]:
+                    events.append(e.type)
+            msg = s.get_final_message()
+    else:
+        msg = c.messages.create(**kw)
+    content = [{**b.model_dump(exclude_none=True), **({"id": None} if b.type == "tool_use" else {})}
+               for b in msg.content]
+    return {"content": content, "stop_reason": msg.stop_reason, "stop_sequence": msg.stop_sequence,
+            "usage": (msg.usage.input_tokens, msg.usage.output_tokens, msg.usage.cache_read_input_tokens or 0),
+            "events": events}
+
+
 def leave_mid_stream(f: Fleet, tier: str) -> None:
     """A client that reads a few chunks of a long answer and hangs up."""
     with httpx.stream("POST", f"{f.base_url}/v1/chat/completions", timeout=60,
@@ -319,6 +355,24 @@ def test_vllm_worker_answers_tools_and_json_schema_by_guided_decoding(gw: Fleet,
             [call] = got["tool_calls"]
             assert call["function"]["name"] == "get_weather"
             jsonschema.validate(orjson.loads(call["function"]["arguments"]), schema)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_worker_answers_messages_by_vllms_anthropic_layer(gw: Fleet, vllm_replica: str, stream: bool) -> None:
+    """Messages calls through the fleet, whole and streamed, in Anthropic's shapes: text, and a named
+    tool's input as schema-valid JSON by guided decoding (the `vllm serve` test below compares them)."""
+    for name, body in MESSAGES_CALLS.items():
+        got = FLEET_MESSAGES[(name, stream)] = messages_answer(gw.base_url, "routing", body, stream)
+        assert got["usage"][0] > 0 and got["usage"][1] > 0, got
+        if name == "plain":
+            assert [b["type"] for b in got["content"]] == ["text"] and got["stop_reason"] in ("end_turn", "max_tokens")
+        else:
+            [call] = got["content"]
+            assert call["type"] == "tool_use" and call["name"] == "get_weather" and got["stop_reason"] == "tool_use"
+            jsonschema.validate(call["input"], WEATHER_TOOL["input_schema"])
+        if stream:
+            assert got["events"][:2] == ["message_start", "content_block_start"], got["events"]
+            assert got["events"][-2:] == ["message_delta", "message_stop"], got["events"]
 
 
 def test_vllm_ttft_and_tpot_recorded(gw: Fleet, vllm_replica: str) -> None:
@@ -387,6 +441,16 @@ def test_vllm_serve_answers_exactly_as_the_fleet_did(vllm_serve: str) -> None:
         pytest.skip("the fleet's answers were not collected (test deselected)")
     for (name, stream), fleet_said in FLEET_ANSWERS.items():
         assert agent_answer(vllm_serve, AGENT_CALLS[name], stream) == fleet_said, (name, stream)
+
+
+def test_vllm_serve_answers_messages_exactly_as_the_fleet_did(vllm_serve: str) -> None:
+    """The same Messages calls to `vllm serve`'s /v1/messages, at temperature 0 on the same model and flags:
+    the same content, stop_reason, usage and (streamed) event sequence."""
+    if not FLEET_MESSAGES:
+        pytest.skip("the fleet's answers were not collected (test deselected)")
+    for (name, stream), fleet_said in FLEET_MESSAGES.items():
+        served = messages_answer(vllm_serve, "tiny", MESSAGES_CALLS[name], stream)
+        assert served == fleet_said, (name, stream)
 
 
 def test_openai_worker_client_leaving_aborts_upstream(gw: Fleet, upstream_replica: str) -> None:

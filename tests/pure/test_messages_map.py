@@ -14,7 +14,16 @@ from fleet.classes import FairLine
 from fleet.store.events import Chunk, Done
 from gateway.auth import bearer
 from gateway.errors import APIError, retry_headers
-from gateway.messages_map import CountBody, MessagesBody, chat_body, content_blocks, error_body, error_status, stop_of
+from gateway.messages_map import (
+    CountBody,
+    MessagesBody,
+    chat_body,
+    content_blocks,
+    error_body,
+    error_status,
+    message_object,
+    stop_of,
+)
 from gateway.messages_stream import MessagesRender, head_of
 
 TOOL = {"name": "weather", "description": "The weather.", "input_schema": {"type": "object", "properties": {
@@ -105,6 +114,20 @@ def test_the_answer_as_content_blocks_and_stop_reasons() -> None:
         assert stop_of(Done(1, finish, {}), None) == (reason, None)
     met = Done(1, "stop", {}, choice={"message": {}, "stop_reason": "END"})
     assert stop_of(met, ["END"]) == ("stop_sequence", "END")
+
+
+def test_a_named_tools_call_is_tool_use_though_chat_says_stop() -> None:
+    """Chat ends a call to the tool the caller named with `stop` (vLLM does); Anthropic's answer says tool_use,
+    whole and streamed, as vLLM's own Anthropic layer does. Cut off, it is still max_tokens."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    stopped = Done(1, "stop", {}, choice={"message": {"role": "assistant", "tool_calls": [call]}})
+    whole = message_object("msg_1", "routing", content_blocks(stopped.choice["message"]), stopped)
+    assert whole["stop_reason"] == "tool_use"
+    assert message_object("msg_1", "routing", [{"type": "text", "text": "hi"}], stopped)["stop_reason"] == "end_turn"
+    assert stop_of(Done(1, "length", {}), None, tool_used=True) == ("max_tokens", None)
+    render = MessagesRender(head_of("msg_1", "routing", 12), None)
+    raw = render.chunk(_chunk({"tool_calls": [{"index": 0, **call}]})) + asyncio.run(render.done(stopped))
+    assert _events(raw)[-2]["delta"]["stop_reason"] == "tool_use"
 
 
 def test_errors_in_anthropics_shape() -> None:

@@ -30,10 +30,16 @@ def messages_body(req_body: dict[str, Any], model: str, stream: bool, max_tokens
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    prompt = int(usage.get("input_tokens") or 0) + int(usage.get("cache_read_input_tokens") or 0) + int(
-        usage.get("cache_creation_input_tokens") or 0)
+    """Anthropic's usage as chat's: the prompt is all input, cached or not; the cached part rides in
+    `prompt_tokens_details`, from which the gateway writes `cache_read_input_tokens` back."""
+    cached = int(usage.get("cache_read_input_tokens") or 0)
+    prompt = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
     completion = int(usage.get("output_tokens") or 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def chat_answer(message: dict[str, Any]) -> dict[str, Any]:

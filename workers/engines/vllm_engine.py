@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, Any, Self
 import orjson
 
 from fleet.config import TierConfig, VllmSettings
+from fleet.engine_config import ANTHROPIC_BODY
 from fleet.policy.cold_start import ColdStartPhases
 from fleet.prompt_size import estimate_prompt_tokens
 from workers.engines.base import Delta, Engine, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
 from workers.engines.vllm_args import parse_serve_args, serve_argv  # noqa: F401  serve_argv: re-exported
+from workers.engines.vllm_messages import EventReader, http_request, request_of, whole_answer
 from workers.engines.vllm_startup import capture, phases
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,7 +151,8 @@ class VllmEngine(Engine):
             kind = self._vllm["RequestOutputKind"]
             self._counting = _Counting(self._engine, kind.FINAL_ONLY, kind.CUMULATIVE)
             await init_app_state(self._counting, state, args, await self._engine.get_supported_tasks())
-            self._serving = {"chat": state.openai_serving_chat, "completion": state.openai_serving_completion}
+            self._serving = {"chat": state.openai_serving_chat, "completion": state.openai_serving_completion,
+                             "messages": state.anthropic_serving_messages}  # as `vllm serve` answers /v1/messages
             # It holds the engine too, and this frame outlives the call: a frame of vLLM's first imports
             # (made in `_serve_args`) stays referenced, and with it each caller's, this one's included.
             del state
@@ -168,6 +171,7 @@ class VllmEngine(Engine):
     def _serve_args(self) -> Any:
         """The tier's flags through vLLM's own `vllm serve` parser: vLLM's defaults, vLLM's checks."""
         try:
+            from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
             from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
             from vllm.entrypoints.openai.completion.protocol import CompletionRequest
             from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -177,6 +181,7 @@ class VllmEngine(Engine):
         except ImportError as e:
             raise EngineError(f"vLLM is not installed: {e}", "engine_start_failed", "vllm_missing") from e
         self._vllm = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "ErrorResponse": ErrorResponse,
+                      "messages": AnthropicMessagesRequest,
                       "EngineDeadError": EngineDeadError, "RequestOutputKind": RequestOutputKind,
                       "refused": (VLLMValidationError, ValueError, TypeError, KeyError)}
         return parse_serve_args(self.settings)
@@ -225,8 +230,14 @@ class VllmEngine(Engine):
         """Tokens made for a request that ended (asked once, by the worker, to charge them)."""
         return self._made.pop(request_id, 0)
 
+    def _messages(self, req: EngineRequest) -> bool:
+        """A Messages call (the gateway put the caller's Anthropic body in it): vLLM's Anthropic layer answers."""
+        return req.kind == "chat" and ANTHROPIC_BODY in req.body and self._serving.get("messages") is not None
+
     def _request(self, req: EngineRequest) -> Any:
         """The caller's body as vLLM's request model, with the fleet's id, priority and bound."""
+        if self._messages(req):
+            return request_of(self._vllm["messages"], req, self.model_name)
         body = {**req.body, "model": self.model_name, "stream": req.stream, "request_id": req.request_id,
                 "priority": req.priority}
         if req.stream:  # usage on every chunk: each delta's token counts are exact, not an estimate
@@ -261,17 +272,18 @@ class VllmEngine(Engine):
                 err = answer.error
                 type_ = "invalid_request_error" if 400 <= err.code < 500 else "engine_error"
                 raise EngineError(err.message, type_, f"http_{err.code}", err.param)
+            messages = self._messages(req)
             if not req.stream:
                 finished = True
-                yield whole(answer.model_dump(), req.kind == "chat")
+                yield whole_answer(answer) if messages else whole(answer.model_dump(), req.kind == "chat")
                 return
             chunks = ChunkReader(req.kind == "chat", lambda: estimate_prompt_tokens(req.kind, req.body))
+            events = EventReader(chunks) if messages else None
             async for sse in answer:
                 if req.request_id in self._aborted:
                     return
-                for chunk in _events(sse):
-                    for delta in chunks.feed(chunk):
-                        yield delta
+                for delta in events.feed(sse) if events else (d for c in _events(sse) for d in chunks.feed(c)):
+                    yield delta
             finished = True
             if req.request_id not in self._aborted:
                 yield chunks.end()
@@ -294,9 +306,12 @@ class VllmEngine(Engine):
 
     async def _create(self, req: EngineRequest, request: Any) -> Any:
         """Hand the request to vLLM's serving layer; its exceptions typed."""
-        serving = self._serving[req.kind]
-        create = serving.create_chat_completion if req.kind == "chat" else serving.create_completion
         try:
+            if self._messages(req):
+                return await self._serving["messages"].create_messages(request, http_request(req.request_id,
+                                                                                             req.priority))
+            serving = self._serving[req.kind]
+            create = serving.create_chat_completion if req.kind == "chat" else serving.create_completion
             return await create(request, None)
         except self._vllm["EngineDeadError"] as e:
             raise EngineError(f"vLLM engine died: {e}", "engine_error", "engine_dead") from e
