@@ -375,6 +375,38 @@ def test_vllm_worker_answers_messages_by_vllms_anthropic_layer(gw: Fleet, vllm_r
             assert got["events"][-2:] == ["message_delta", "message_stop"], got["events"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_worker_takes_what_claude_code_sends(gw: Fleet, vllm_replica: str, stream: bool) -> None:
+    """Claude Code's turn on a `vllm` tier, none of it refused by vLLM's Anthropic layer: max_tokens 32000,
+    system blocks with cache_control, an inline system message last, a tool_use answered by its tool_result,
+    a tool in JSON Schema 2020-12, metadata.user_id as a JSON string, thinking adaptive, output_config,
+    context_management, the beta header and query string."""
+    tool = {"name": "Read", "description": "Read a file.", "input_schema": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "additionalProperties": False,
+        "properties": {"file_path": {"type": "string", "minLength": 1}, "limit": {"type": ["integer", "null"]}},
+        "required": ["file_path"]}, "cache_control": {"type": "ephemeral"}}
+    turns = [{"role": "user", "content": "Read notes.txt."},
+             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                                "input": {"file_path": "notes.txt"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "hello",
+                                           "cache_control": {"type": "ephemeral"}}]},
+             {"role": "system", "content": "Be brief."}]
+    body = {"max_tokens": 32000, "tools": [tool], "messages": turns,
+            "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+            "metadata": {"user_id": '{"device_id": "d1", "session_id": "s1"}'}}
+    extra = {"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}, "context_management": {"edits": []}}
+    c = anthropic.Anthropic(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=120)
+    kw = {"model": "routing", **body, "extra_body": extra, "extra_query": {"beta": "true"},
+          "extra_headers": {"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"}}
+    if stream:
+        with c.messages.stream(**kw) as s:
+            msg = s.get_final_message()
+    else:
+        msg = c.messages.create(**kw)
+    assert msg.type == "message" and msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert msg.content and msg.usage.input_tokens > 0 and msg.usage.output_tokens > 0
+
+
 def test_vllm_ttft_and_tpot_recorded(gw: Fleet, vllm_replica: str) -> None:
     before = histogram_counts(gw, "routing")
     c = client(gw)

@@ -237,7 +237,7 @@ class VllmEngine(Engine):
     def _request(self, req: EngineRequest) -> Any:
         """The caller's body as vLLM's request model, with the fleet's id, priority and bound."""
         if self._messages(req):
-            return request_of(self._vllm["messages"], req, self.model_name)
+            return request_of(self._vllm["messages"], req, self.model_name, self.max_model_len)
         body = {**req.body, "model": self.model_name, "stream": req.stream, "request_id": req.request_id,
                 "priority": req.priority}
         if req.stream:  # usage on every chunk: each delta's token counts are exact, not an estimate

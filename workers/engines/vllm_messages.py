@@ -27,10 +27,14 @@ from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.engines.chunks import ChunkReader, whole
 
 
-def request_of(model: type[Any], req: EngineRequest, model_name: str) -> Any:
+def request_of(model: type[Any], req: EngineRequest, model_name: str, max_model_len: int) -> Any:
     """The caller's Anthropic body as vLLM's `AnthropicMessagesRequest`: its model, how it is read,
-    and the fleet's output bound (the tier's `max_tokens_limit` cut what the caller asked)."""
-    body = messages_body(req.body, model_name, req.stream, req.max_tokens)
+    and the fleet's output bound: the tier's `max_tokens_limit` cut what the caller asked, and the
+    engine's context cuts it again. `max_tokens` is required in Messages, so clients send a bound,
+    not a demand (Claude Code asks 32000 of any model); `vllm serve` refuses one past the context
+    (a 400 the chat routes keep, where the caller chose the number), vLLM cuts the rest to the
+    room the prompt leaves."""
+    body = messages_body(req.body, model_name, req.stream, min(req.max_tokens, max_model_len))
     try:
         return model.model_validate(body)
     except ValueError as e:  # pydantic's ValidationError names the field
