@@ -306,7 +306,8 @@ class TierSim:
         scaler tick), else as last seen (an admission). `call`: the call admission judges; in a
         fair tier it sees, of its own class, only what the fair order puts before it (as the gateway)."""
         w = self.window_s
-        oldest = self.oldest_wait(t)
+        # Nothing waiting: the lines are empty (they hold exactly the `waiting` calls), no wait to look up.
+        oldest = self.oldest_wait(t) if self.waiting else 0.0
         busy = min(oldest, w) if self.waiting else 0.0
         line: Counts[int] = self.by_class
         if call is not None and self.fair is not None:

@@ -107,13 +107,15 @@ def take_for(
         return Take(None, "empty"), None
     q = tier.line[best]
     reqs: list[Req] = [q[i] for i in range(min(len(q), hold.window if hold else 1))]
+    none = Holder.NONE
     views = [
         Waiting(
             str(req.lseq),
             best,
             (t - req.t_arr) * 1000,
             (req.deadline - t) * 1000,
-            _holder(tier, req, r, t) if hold else Holder.NONE,
+            # Only a call of a conversation has a prefix anyone holds (`prefix_of`).
+            _holder(tier, req, r, t) if hold and req.chain is not None and req.chain.arrival.conversation else none,
             req.pmarked,
             req.state != QUEUED,
         )
