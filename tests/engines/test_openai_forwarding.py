@@ -15,11 +15,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from fleet.config import OpenAIUpstream
+from fleet.engine_config import ANTHROPIC_BODY
 from fleet.redis_server import free_port
 from workers.engines.base import EngineRequest
 from workers.engines.openai_engine import OpenAIEngine
 
-SEEN: dict[str, list[object]] = {"ports": [], "stream": []}
+SEEN: dict[str, list[object]] = {"ports": [], "stream": [], "keys": []}
 
 
 async def models(_: Request) -> Response:
@@ -30,6 +31,7 @@ async def chat(request: Request) -> Response:
     body = orjson.loads(await request.body())
     SEEN["ports"].append(request.client.port if request.client else None)
     SEEN["stream"].append(body.get("stream"))
+    SEEN["keys"].append(sorted(body))
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     if not body.get("stream"):
         return Response(orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "a b"},
@@ -56,8 +58,8 @@ async def upstream() -> AsyncIterator[str]:
         if server.started:
             break
         await asyncio.sleep(0.01)
-    SEEN["ports"].clear()
-    SEEN["stream"].clear()
+    for seen in SEEN.values():
+        seen.clear()
     yield f"http://127.0.0.1:{port}/v1"
     server.should_exit = True
     await asyncio.wait_for(task, 10)
@@ -89,5 +91,21 @@ async def test_calls_reuse_one_connection_and_non_streamed_calls_go_non_streamed
                 await asyncio.sleep(0.01)
         assert SEEN["stream"] == [True, False, True, False, True, False]
         assert len(set(SEEN["ports"])) == 1, SEEN["ports"]  # six calls, one kept-alive connection
+    finally:
+        await eng.stop()
+
+
+async def test_a_degraded_messages_call_reaches_a_chat_upstream_without_its_anthropic_body(upstream: str) -> None:
+    """A Messages call carries the caller's Anthropic body for an engine that speaks Messages; degraded to a
+    tier whose upstream speaks chat only, it is sent as chat, without that body (OpenAI's API refuses
+    unknown fields)."""
+    eng = OpenAIEngine(OpenAIUpstream(base_url=upstream, model="m"), start_timeout_s=10)
+    await eng.start()
+    try:
+        req = EngineRequest.build("d1", "chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                  **{ANTHROPIC_BODY: {"model": "planner", "max_tokens": 9, "messages": []}})
+        deltas = [d async for d in eng.generate(req)]
+        assert deltas[-1].finish_reason == "length"
+        assert SEEN["keys"] == [["max_tokens", "messages", "model", "stream", "stream_options"]]
     finally:
         await eng.stop()

@@ -197,13 +197,13 @@ class OpenAIEngine(Engine):
             task.cancel()
 
     def _body(self, req: EngineRequest) -> tuple[str, dict[str, Any]]:
-        """The caller's request as it sent it, but for the model (the upstream's), how it is read
-        (streamed with usage, so token counts are the upstream's own) and the output bound (the
-        fleet's, when the caller gave none). A Messages call to an upstream that speaks Anthropic's
-        API (`upstream_api: messages`) goes to its `/messages` as the caller sent it, model and bound set."""
+        """The caller's request as it sent it, but for the model (the upstream's), how it is read (streamed
+        with usage: the upstream's token counts) and the output bound (the fleet's, when the caller gave none).
+        A Messages call to an upstream that speaks Anthropic's API (`upstream_api: messages`) goes to its
+        `/messages` as sent, model and bound set; to one that does not (degraded), without the Anthropic body."""
         if self.settings.upstream_api == "messages" and req.kind == "chat" and ANTHROPIC_BODY in req.body:
             return MESSAGES, messages_body(req.body, self.model, req.stream, req.max_tokens)
-        body = dict(req.body)
+        body = {k: v for k, v in req.body.items() if k != ANTHROPIC_BODY}
         body["model"] = self.model
         body["stream"] = req.stream
         if req.stream:
