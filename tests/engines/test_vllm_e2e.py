@@ -17,7 +17,7 @@ import importlib.util
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anthropic
@@ -314,9 +314,20 @@ def leave_mid_stream(f: Fleet, tier: str) -> None:
                 break
 
 
-def check_cancel_aborts(f: Fleet, tier: str, rid: str) -> None:
+def leave_messages_mid_stream(f: Fleet, tier: str) -> None:
+    """The same on `/v1/messages` (greedy: the tiny model's answer is the same each time, and long)."""
+    with httpx.stream("POST", f"{f.base_url}/v1/messages", timeout=60,
+                      json={"model": tier, "messages": MESSAGES[1:], "system": MESSAGES[0]["content"],
+                            "max_tokens": LONG, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 12:
+                break
+
+
+def check_cancel_aborts(f: Fleet, tier: str, rid: str, leave: Callable[[Fleet, str], None] = leave_mid_stream) -> None:
     before, charged = f.counters(tier), completion_tokens_charged(f, tier)
-    leave_mid_stream(f, tier)
+    leave(f, tier)
     wait_until(lambda: f.counters(tier).get("cancelled", 0) == before.get("cancelled", 0) + 1, 15,
                what="cancel recorded")
     wait_until(lambda: beat(f, tier, rid).get("in_use") == 0, 15, what="slot released")
@@ -432,6 +443,11 @@ def test_vllm_cold_start_phases_in_heartbeat_and_status(gw: Fleet, vllm_replica:
 
 def test_vllm_client_leaving_mid_stream_aborts_in_the_engine(gw: Fleet, vllm_replica: str) -> None:
     check_cancel_aborts(gw, "routing", vllm_replica)
+
+
+def test_vllm_messages_client_leaving_mid_stream_aborts_in_the_engine(gw: Fleet, vllm_replica: str) -> None:
+    """A Messages call runs in vLLM's Anthropic layer under the fleet's request id: the engine aborts it there."""
+    check_cancel_aborts(gw, "routing", vllm_replica, leave_messages_mid_stream)
 
 
 def test_vllm_deadline_aborts_a_running_request(gw: Fleet, vllm_replica: str) -> None:

@@ -28,6 +28,7 @@ import pytest
 import pytest_asyncio
 
 from fleet.config import OpenAIUpstream, VllmSettings
+from fleet.engine_config import ANTHROPIC_BODY
 from tests.tinymodel import build_tiny_model, vllm_environment
 from workers.engines.base import Delta, EngineError, EngineRequest
 from workers.engines.openai_engine import OpenAIEngine
@@ -205,6 +206,32 @@ async def test_vllm_abort_stops_generation(engine) -> None:
         engine.generate(EngineRequest.build("abort-1", "completion", PROMPT, max_tokens=4, ignore_eos=True))
     )
     assert again[-1].completion_tokens == 4
+
+
+def messages_call(rid: str, max_tokens: int, stream: bool = True) -> EngineRequest:
+    """A Messages call as the gateway hands it to a `vllm` tier: the chat call, the caller's body beside it."""
+    anthropic = {"model": "routing", "max_tokens": max_tokens, "temperature": 0, "system": MESSAGES[0]["content"],
+                 "messages": [{"role": "user", "content": [{"type": "text", "text": MESSAGES[1]["content"]}]}]}
+    return EngineRequest.build(rid, "chat", messages=MESSAGES, max_tokens=max_tokens, stream=stream,
+                               **{ANTHROPIC_BODY: anthropic})
+
+
+@needs_vllm
+async def test_vllm_messages_run_under_the_fleets_id(engine, chat_prompt_tokens: int) -> None:
+    """vLLM's Anthropic layer runs a Messages call under the fleet's request id, as the chat path does:
+    whole, what it made is counted under that id for the worker's charge (0 under any other); streamed, the
+    fleet's abort ends it."""
+    [whole] = await collect(engine.generate(messages_call("msg-1", 6, stream=False)))
+    assert whole.finish_reason in ("length", "stop") and whole.choice["message"]["content"]
+    assert (whole.prompt_tokens, engine.made("msg-1")) == (chat_prompt_tokens, whole.completion_tokens)
+    seen: list[Delta] = []
+    async for d in engine.generate(messages_call("msg-2", 400)):
+        seen.append(d)
+        if len(seen) == 3:
+            await engine.abort("msg-2")
+    assert len(seen) >= 3 and all(d.finish_reason is None for d in seen), seen[-1]  # ended without a finish
+    assert seen[-1].completion_tokens < 200
+    assert engine._engine.get_num_unfinished_requests() == 0
 
 
 @needs_vllm
