@@ -88,9 +88,14 @@ def committed_windows(sc: Scenario, trace: Trace, max_class: int = 0,
         ln = shortest(tier, prompt, output) if ln is None else ln
         return Window(start, end, ln, prefill_s(tcs[tier].sim, prompt), output)
 
+    # The arrivals (most of the calls), `window` inlined: its prefill worked out once, not twice
+    # (the same terms, summed in the same order: the same floats).
+    sims = {t: tc.sim for t, tc in tcs.items()}
     for a in trace.arrivals:
-        if a.call.cls <= max_class and kept(a.call):
-            out[a.call.tier].append(window(a.call.tier, a.t, a.t + a.deadline_s, a.call.prompt, a.call.output))
+        c = a.call
+        if c.cls <= max_class and (served is None or id(c) in served):
+            pre = prefill_s(sims[c.tier], c.prompt)
+            out[c.tier].append(Window(a.t, a.t + a.deadline_s, pre + c.output * step1[c.tier], pre, c.output))
     for ch in trace.chains:
         if ch.cls > max_class:
             continue
@@ -269,14 +274,14 @@ def tier_bound(sc: Scenario, tier: str, windows: list[Window],
     # The windows inside the replay, with their ends clipped as the buckets read them: picked once
     # for every partition below (in the same order, so every bucket's sums are the same floats).
     inside = [(a, min(d, end - 1e-9), ln, pre, out) for a, d, ln, pre, out in feasible if not (d > end or a < 0)]
+    starts, lasts = [x[0] for x in inside], [x[1] for x in inside]
     for w in (*bucket_widths, end):
         n_b = max(1, math.ceil(end / w))
         shortest = [0.0] * n_b  # shortest services, summed
-        prefill = [0.0] * n_b
-        tokens = [0] * n_b
-        for a, last, ln, pre, out in inside:
-            b = int(a // w)
-            if b == int(last // w) and b < n_b:
+        prefill, tokens = [0.0] * n_b, [0] * n_b
+        # Each window's bucket in one pass; the sums still run in the windows' order (the same floats).
+        for b, last, (_, _, ln, pre, out) in zip([int(a // w) for a in starts], lasts, inside, strict=True):
+            if b < n_b and b == int(last // w):
                 shortest[b] += ln
                 prefill[b] += pre
                 tokens[b] += out
@@ -298,6 +303,21 @@ def clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int = 0, keep_floor
     call on time. With `max_class` 3, every call of every class: the cost of serving it all;
     with `keep_floor`, while also keeping the floors (warm and scheduled pre-warm); with
     `served` (`id`s of calls), only those calls."""
+    import gc
+
+    # A window per call, and no reference cycles among them: with the trace and a replay's calls
+    # alive, the cyclic collector would rescan them again and again (as `Simulator.run`).
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _clairvoyant_bound(sc, trace, max_class, keep_floor, served)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _clairvoyant_bound(sc: Scenario, trace: Trace, max_class: int, keep_floor: bool,
+                       served: set[int] | None) -> dict[str, TierBound]:
     wins = committed_windows(sc, trace, max_class, served)
     out = {t: tier_bound(sc, t, w, keep_floor=keep_floor) for t, w in wins.items()}
     # The committed calls' tokens are paid by any schedule that serves them.
