@@ -129,13 +129,20 @@ def test_fleet_simulate_on_it_is_a_real_models_burst() -> None:
 
 
 @needs_vllm
-def test_each_tier_passes_vllms_own_parser_and_engine_arguments(cfg: FleetConfig) -> None:
+def test_each_tier_passes_vllms_own_parser_and_engine_arguments(cfg: FleetConfig,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
     from workers.engines.vllm_args import parse_serve_args
 
+    # Offline, vLLM resolves a model that is not on disk (the GPU box's /models here) as a hub snapshot,
+    # and fails. huggingface_hub reads HF_HUB_OFFLINE once, at import: after an in-process engine of an
+    # earlier test set it (`vllm_engine.ENV_DEFAULTS`), it stays on, so this test passed or failed by
+    # the order the suite ran in. The GPU box has its weights on disk; here nothing is resolved.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     for name, tc in cfg.tiers.items():
         v = tc.vllm
         args = parse_serve_args(v)
