@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import attrgetter
 
+from fleet.policy import victim_rank
 from fleet.policy.claim import Holder, HoldRules, ReplicaView, Take, Waiting, caps_of, choose_take
 from fleet.store.affinity import LIVE_MS
 from simulator.state import QUEUED, Req, SimReplica, TierSim
@@ -49,16 +50,14 @@ def victim_candidates(tier: TierSim, calls_on: dict[str, dict[Req, None]], cls: 
     Only the candidates (a lower class, fewer than `most` preemptions; the sim's calls have sent
     nothing to a caller): `choose_victim` drops the rest, and its pick among these, in the same
     order, is the same. In arrival order on each ready replica, named by it: a tie goes to the
-    same call in every replay (not by address). And of those only the lowest class (the highest
-    rank): `choose_victim` takes the lowest class first, so its pick is among these anyway.
+    same call in every replay (not by address). And of those only the class `victim_rank` says
+    `choose_victim` takes from, so its pick is among these anyway.
     """
     cands = [c for r in tier.ready_list
              for c in sorted((c for c in calls_on.get(r.id, ()) if c.call.cls > cls and c.preempted < most),
                              key=lambda c: c.lseq)]
-    if not cands:
-        return {}
-    low = max(c.call.cls for c in cands)
-    return {str(c.lseq): c for c in cands if c.call.cls == low}
+    rank = victim_rank(c.call.cls for c in cands)
+    return {str(c.lseq): c for c in cands if c.call.cls == rank}
 
 
 def prefix_of(req: Req) -> object | None:

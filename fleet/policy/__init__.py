@@ -76,7 +76,14 @@ from fleet.policy.observation import (
     waiting,
 )
 from fleet.policy.plan import PlanInput, PlanState, TierPlan, plan_tier, with_start_timeout, with_startup
-from fleet.policy.preemption import RunningRequest, WaitingRequest, choose_victim, claim_caps, preemptible_below
+from fleet.policy.preemption import (
+    RunningRequest,
+    WaitingRequest,
+    choose_victim,
+    claim_caps,
+    preemptible_below,
+    victim_rank,
+)
 from fleet.policy.prewarm import Prewarm, PrewarmOrder, active_prewarm, prewarm_lead_s
 from fleet.policy.replicas import ObservedReplica, Replicas, scale_in_victims, start_timeout_s, wedged
 from fleet.policy.rollout import (
@@ -211,6 +218,7 @@ __all__ = [
     "token_burn_since",
     "token_burn_usd_per_s",
     "version_stats",
+    "victim_rank",
     "wait_with_ceiling_s",
     "waiting",
     "wedged",

@@ -55,9 +55,16 @@ def choose_victim(running: Iterable[RunningRequest], waiter: WaitingRequest, *, 
     if free_for_waiter > 0 or waiter.waited_s < min_wait_s:
         return None
     candidates = [r for r in running if r.rank > waiter.rank and _preemptible(r, max_preemptions)]
-    if not candidates:
+    rank = victim_rank(r.rank for r in candidates)
+    if rank is None:
         return None
-    return min(candidates, key=lambda r: (-r.rank, r.progress, -r.started))
+    return min((r for r in candidates if r.rank == rank), key=lambda r: (r.progress, -r.started))
+
+
+def victim_rank(candidate_ranks: Iterable[int]) -> int | None:
+    """The class a victim is taken from, among the candidates' ranks: the lowest class (the highest
+    rank). The simulator asks it first, to build only that class's candidates."""
+    return max(candidate_ranks, default=None)
 
 
 def preemptible_below(running: Iterable[RunningRequest], *, max_preemptions: int) -> int | None:
