@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 import orjson
@@ -234,9 +235,9 @@ class VllmEngine(Engine):
         """A Messages call (the gateway put the caller's Anthropic body in it): vLLM's Anthropic layer answers."""
         return req.kind == "chat" and ANTHROPIC_BODY in req.body and self._serving.get("messages") is not None
 
-    def _request(self, req: EngineRequest) -> Any:
+    def _request(self, req: EngineRequest, messages: bool) -> Any:
         """The caller's body as vLLM's request model, with the fleet's id, priority and bound."""
-        if self._messages(req):
+        if messages:
             return request_of(self._vllm["messages"], req, self.model_name, self.max_model_len)
         body = {**req.body, "model": self.model_name, "stream": req.stream, "request_id": req.request_id,
                 "priority": req.priority}
@@ -261,28 +262,28 @@ class VllmEngine(Engine):
             raise EngineError("engine is not started", "engine_error", "not_started")
         if req.request_id in self._inflight:
             raise EngineError(f"request {req.request_id!r} is already running", "invalid_request_error", "duplicate_id")
-        request = self._request(req)
+        messages = self._messages(req)
+        request = self._request(req, messages)
         inner = _PREFIX[req.kind] + req.request_id + ("-0" if req.kind == "completion" else "")
         self._inflight[req.request_id] = inner
         answer: Any = None
         finished = False
         try:
-            answer = await self._create(req, request)
+            answer = await self._create(req, request, messages)
             if isinstance(answer, self._vllm["ErrorResponse"]):
                 err = answer.error
                 type_ = "invalid_request_error" if 400 <= err.code < 500 else "engine_error"
                 raise EngineError(err.message, type_, f"http_{err.code}", err.param)
-            messages = self._messages(req)
             if not req.stream:
                 finished = True
                 yield whole_answer(answer) if messages else whole(answer.model_dump(), req.kind == "chat")
                 return
             chunks = ChunkReader(req.kind == "chat", lambda: estimate_prompt_tokens(req.kind, req.body))
-            events = EventReader(chunks) if messages else None
+            feed = EventReader(chunks).feed if messages else partial(_chat_deltas, chunks)
             async for sse in answer:
                 if req.request_id in self._aborted:
                     return
-                for delta in events.feed(sse) if events else (d for c in _events(sse) for d in chunks.feed(c)):
+                for delta in feed(sse):
                     yield delta
             finished = True
             if req.request_id not in self._aborted:
@@ -304,10 +305,10 @@ class VllmEngine(Engine):
         self._inflight.pop(request_id, None)
         self._aborted.discard(request_id)
 
-    async def _create(self, req: EngineRequest, request: Any) -> Any:
+    async def _create(self, req: EngineRequest, request: Any, messages: bool) -> Any:
         """Hand the request to vLLM's serving layer; its exceptions typed."""
         try:
-            if self._messages(req):
+            if messages:
                 return await self._serving["messages"].create_messages(request, http_request(req.request_id,
                                                                                              req.priority))
             serving = self._serving[req.kind]
@@ -354,6 +355,11 @@ def _text_only(messages: list[Any]) -> None:
             if kind not in ("text", "input_text", "refusal"):
                 raise EngineError(f"this model takes text only; messages[{i}].content[{j}] is a {kind!r} part",
                                   "invalid_request_error", "unsupported_content", f"messages[{i}].content[{j}]")
+
+
+def _chat_deltas(chunks: ChunkReader, sse: str) -> list[Delta]:
+    """The deltas of one piece of vLLM's chat or completion stream."""
+    return [d for chunk in _events(sse) for d in chunks.feed(chunk)]
 
 
 def _events(sse: str) -> list[dict[str, Any]]:
