@@ -44,8 +44,6 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what="condit
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {why()}" if why else ""))
 
 
-
-
 async def until(pred, what: str, within_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     """`wait_until` for a test's event loop: poll `pred` (plain or a coroutine function) until true."""
     end = time.monotonic() + within_s
